@@ -1,0 +1,43 @@
+"""sam3-aoti: `uv run doit` builds, verifies and renders the SAM3 AOTInductor package.
+
+Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 weights=random|PATH config=PATH
+"""
+
+from tasks import PATHS, SETTINGS, SummaryReporter, stage_task
+from sam3_aoti.cases import DEFAULT_CASES
+
+DOIT_CONFIG = {
+    "default_tasks": ["render"],
+    "dep_file": str(PATHS.root / ".doit.db"),  # one state file per profile: switching never rebuilds
+    "reporter": SummaryReporter,
+    "action_string_formatting": "new",
+}
+PATHS.root.mkdir(parents=True, exist_ok=True)
+
+
+def task_weights():
+    user = [] if SETTINGS.weights == "random" else [SETTINGS.weights]
+    return stage_task("weights", "Write the profile's checkpoint (seeded random init or converted weights)",
+                      ["model"], user, PATHS.checkpoint_files, weights=SETTINGS.weights)
+
+
+def task_export():
+    return stage_task("export", "torch.export model + transforms with dynamic batch/prompts; re-run at new shapes",
+                      ["model"], PATHS.checkpoint_files, [PATHS.exported_model, PATHS.exported_transforms])
+
+
+def task_compile():
+    return stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
+                      ["package", "tokenizer"], [PATHS.exported_model, PATHS.exported_transforms], [PATHS.package])
+
+
+def task_verify():
+    return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
+                      ["metrics", "cases", "package", "postprocess"], [PATHS.package, DEFAULT_CASES],
+                      [PATHS.verify_report_json, PATHS.verify_report_md])
+
+
+def task_render():
+    return stage_task("render", "PNG per case: eager beside AOTI (masks, boxes, scores)",
+                      ["postprocess", "cases", "package"], [PATHS.package, DEFAULT_CASES, PATHS.verify_report_json],
+                      [PATHS.render_index])

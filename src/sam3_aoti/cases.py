@@ -1,0 +1,56 @@
+"""Verify/render cases: real photographs with prompts that name what is in them (cases.toml)."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import REPO_ROOT
+from .errors import ConfigError
+
+DEFAULT_CASES = REPO_ROOT / "cases.toml"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    image_ref: str
+    prompts: tuple[str, ...]
+
+    def load_image(self) -> np.ndarray:
+        """HxWx3 uint8 RGB."""
+        if self.image_ref.startswith("skimage:"):
+            import skimage.data
+
+            image = getattr(skimage.data, self.image_ref.removeprefix("skimage:"))()
+        else:
+            from PIL import Image
+
+            try:
+                image = np.asarray(Image.open(self.image_ref).convert("RGB"))
+            except OSError as e:
+                raise ConfigError(f"case image {self.image_ref} unreadable ({e}): fix the path in the cases file") from None
+        if image.ndim == 2:
+            image = np.stack([image] * 3, axis=-1)
+        return np.ascontiguousarray(image[..., :3]).astype(np.uint8)
+
+
+def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
+    try:
+        entries = tomllib.loads(Path(path).read_text()).get("case", [])
+    except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cases file {path} unreadable ({e}): fix it or restore cases.toml") from None
+    cases = []
+    for i, entry in enumerate(entries):
+        if not entry.get("image") or not entry.get("prompts"):
+            raise ConfigError(f"{path}: case {i + 1} needs `image` and a non-empty `prompts` list")
+        ref = entry["image"]
+        if not ref.startswith("skimage:"):
+            ref = str((Path(path).parent / ref).resolve())
+        cases.append(Case(Path(ref.removeprefix("skimage:")).stem, ref, tuple(entry["prompts"])))
+    if not cases:
+        raise ConfigError(f"{path} holds no [[case]] entries: add at least one image with prompts")
+    return cases

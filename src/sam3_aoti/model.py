@@ -1,0 +1,159 @@
+"""The export wrapper: `transformers.Sam3Model` behind the production interface.
+
+`model(images [B,3,S,S], token_ids [P,32])` -> (pred_logits [N,Q,1], pred_boxes [N,Q,4] cxcywh,
+pred_masks [N,Q,M,M], presence_logit_dec [N,1]) with N = B*P and pair i = (image i // P, prompt i % P),
+the conventions of Meta's SAM3 code. The vision encoder runs once per image and the text encoder once per
+prompt; only the DETR/mask heads see all N pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Sam3Config, Sam3Model
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3VisionEncoderOutput
+
+CONTEXT_LENGTH = 32  # SAM3's text context, in tokens
+IMAGE_MEAN = 0.5  # after scaling to [0, 1]
+IMAGE_STD = 0.5
+
+# A SAM3 small enough to export and AOT-compile on 2 CPU cores in a minute or two.
+TINY_CONFIG = {
+    "vision_config": {
+        "backbone_config": {
+            "model_type": "sam3_vit_model",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 2,
+            "image_size": 112,
+            "patch_size": 14,
+            "window_size": 4,
+            "global_attn_indexes": [1, 3],
+            "pretrain_image_size": 112,
+        },
+        "fpn_hidden_size": 32,
+        "backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]],
+    },
+    "text_config": {
+        "model_type": "clip_text_model",
+        "vocab_size": 49408,
+        "max_position_embeddings": 32,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "projection_dim": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    },
+    "geometry_encoder_config": {"hidden_size": 32, "num_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+    "detr_encoder_config": {"hidden_size": 32, "num_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+    "detr_decoder_config": {
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "num_queries": 16,
+    },
+    "mask_decoder_config": {"hidden_size": 32, "num_attention_heads": 2},
+}
+
+
+def tiny_config() -> Sam3Config:
+    return Sam3Config(**TINY_CONFIG)
+
+
+def random_model(config: Sam3Config, seed: int) -> Sam3Model:
+    """A seeded random-init model: the same seed gives the same weights on any machine."""
+    torch.manual_seed(seed)
+    return Sam3Model(config).eval()
+
+
+class _StaticShapeDetrDecoder(Sam3DetrDecoder):
+    """Sam3DetrDecoder whose box-bias grid size is a Python int, not a tensor.
+
+    transformers passes the feature height/width as tensors into `torch.arange`, which export turns into
+    unbacked symbols (`GuardOnDataDependentSymNode: Eq(u0*u1, 64)`). SAM3 feeds the DETR one square level,
+    so the side is known from the config; the class is swapped in on the instance, the library stays untouched.
+    """
+
+    static_side: int
+
+    def _get_rpb_matrix(self, reference_boxes, spatial_shape):
+        return super()._get_rpb_matrix(reference_boxes, (self.static_side, self.static_side))
+
+
+def detr_side(config: Sam3Config) -> int:
+    """Side of the one feature level the DETR sees (image / patch, scale 1.0)."""
+    vit = config.vision_config.backbone_config
+    return vit.image_size // vit.patch_size
+
+
+class Sam3Grounding(nn.Module):
+    """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
+
+    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        model.to(dtype)
+        self.dtype = dtype
+        decoder = model.detr_decoder
+        decoder.__class__ = _StaticShapeDetrDecoder
+        decoder.static_side = detr_side(model.config)
+        self.model = model
+
+    def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
+        batch, prompts = images.shape[0], token_ids.shape[0]
+        attention_mask = (token_ids != 0).long()
+
+        vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
+        text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
+
+        # pair i = (image i // P, prompt i % P)
+        per_pair_vision = Sam3VisionEncoderOutput(
+            fpn_hidden_states=tuple(f.repeat_interleave(prompts, dim=0) for f in vision.fpn_hidden_states),
+            fpn_position_encoding=tuple(p.repeat_interleave(prompts, dim=0) for p in vision.fpn_position_encoding),
+        )
+        per_pair_text = BaseModelOutputWithPooling(pooler_output=text.pooler_output.repeat(batch, 1, 1))
+        out = self.model(
+            vision_embeds=per_pair_vision,
+            text_embeds=per_pair_text,
+            attention_mask=attention_mask.repeat(batch, 1),
+        )
+        x1, y1, x2, y2 = out.pred_boxes.unbind(-1)
+        boxes_cxcywh = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dim=-1)
+        outputs = (out.pred_logits.unsqueeze(-1), boxes_cxcywh, out.pred_masks, out.presence_logits)
+        return tuple(o.float() for o in outputs)
+
+
+class ImageTransforms(nn.Module):
+    """Any `[B,3,H,W]` float image batch in [0, 255] -> the model's `[B,3,S,S]` normalized input."""
+
+    def __init__(self, image_size: int):
+        super().__init__()
+        self.image_size = image_size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(
+            images / 255.0, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False, antialias=True
+        )
+        return (x - IMAGE_MEAN) / IMAGE_STD
+
+
+OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def example_inputs(config: Sam3Config, batch: int, prompts: int, seed: int = 0, device="cpu"):
+    """Random images and token ids of the right shapes (ids: start, a few words, end, zero padding)."""
+    g = torch.Generator().manual_seed(seed)
+    size = config.vision_config.backbone_config.image_size
+    images = torch.randn(batch, 3, size, size, generator=g)
+    ids = torch.zeros(prompts, CONTEXT_LENGTH, dtype=torch.long)
+    for p in range(prompts):
+        n = 1 + p % 5
+        ids[p, 0] = 49406
+        ids[p, 1 : 1 + n] = torch.randint(1, 49406, (n,), generator=g)
+        ids[p, 1 + n] = 49407
+    return images.to(device), ids.to(device)
+

@@ -1,0 +1,59 @@
+"""Every generated file's path, in one place. Profiles never share a folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProfilePaths:
+    root: Path  # artifacts/<profile>
+
+    @classmethod
+    def of(cls, settings) -> "ProfilePaths":
+        return cls(settings.artifacts_root / settings.profile)
+
+    @property
+    def checkpoint(self) -> Path:
+        """HF-format checkpoint folder: config.json + model.safetensors."""
+        return self.root / "weights" / "checkpoint"
+
+    @property
+    def checkpoint_files(self) -> list[Path]:
+        return [self.checkpoint / "config.json", self.checkpoint / "model.safetensors"]
+
+    @property
+    def exported_model(self) -> Path:
+        return self.root / "export" / "model.pt2"
+
+    @property
+    def exported_transforms(self) -> Path:
+        return self.root / "export" / "transforms.pt2"
+
+    @property
+    def package(self) -> Path:
+        return self.root / "package" / "sam3.pt2"
+
+    @property
+    def verify_report_json(self) -> Path:
+        return self.root / "verify" / "report.json"
+
+    @property
+    def verify_report_md(self) -> Path:
+        return self.root / "verify" / "report.md"
+
+    @property
+    def render_dir(self) -> Path:
+        return self.root / "render"
+
+    @property
+    def render_index(self) -> Path:
+        return self.render_dir / "index.md"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    def log(self, stage: str) -> Path:
+        return self.root / "logs" / f"{stage}.log"

@@ -1,0 +1,86 @@
+"""Run one stage: progress lines with elapsed time, a log under artifacts/, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+
+from .config import Settings, load_settings
+from .errors import Sam3AotiError
+from .paths import ProfilePaths
+
+log = logging.getLogger("sam3_aoti")
+
+
+class _Elapsed(logging.Formatter):
+    def __init__(self, stage: str):
+        super().__init__()
+        self.stage, self.start = stage, time.monotonic()
+
+    def format(self, record):
+        return f"[{self.stage} {time.monotonic() - self.start:6.1f}s] {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def stage_logging(settings: Settings, stage: str):
+    """Send the stage's progress to stderr and to artifacts/<profile>/logs/<stage>.log."""
+    path = ProfilePaths.of(settings).log(stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    formatter = _Elapsed(stage)
+    terminal, file = logging.StreamHandler(sys.stderr), logging.FileHandler(path, mode="w")
+    terminal.setLevel(logging.INFO)  # the log file also keeps the DEBUG detail (e.g. every verify row)
+    handlers = [terminal, file]
+    for h in handlers:
+        h.setFormatter(formatter)
+        log.addHandler(h)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    try:
+        log.info("profile=%s device=%s precision=%s", settings.profile, settings.device, settings.precision)
+        yield
+        log.info("done")
+    except Sam3AotiError as e:
+        log.error("failed: %s", e)
+        raise
+    finally:
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+
+
+def quiet_libraries() -> None:
+    """Builds never download, and library progress bars/deprecation chatter would bury ours."""
+    import os
+    import warnings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def run(stage: str, fn, settings: Settings):
+    quiet_libraries()
+    with stage_logging(settings, stage):
+        return fn(settings)
+
+
+def main(stage: str, fn, description: str) -> None:
+    """`python -m sam3_aoti.<stage>`: the same work as the doit task, for one-off runs."""
+    parser = argparse.ArgumentParser(prog=f"python -m sam3_aoti.{stage}", description=description)
+    parser.add_argument("--profile", help="tiny (default) or sam3")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is present)")
+    parser.add_argument("--precision", help="fp32 or bf16 (default: the profile's)")
+    parser.add_argument("--weights", help="random (default) or a checkpoint path (profile sam3)")
+    parser.add_argument("--config", help="pipeline.toml to read (default: the repository's)")
+    args = parser.parse_args()
+    try:
+        settings = load_settings(args.profile, args.device, args.precision, args.weights, args.config)
+        run(stage, fn, settings)
+    except Sam3AotiError as e:
+        sys.exit(f"{stage}: {e}")

@@ -1,0 +1,178 @@
+"""Stage `verify`: may this package ship? AOTI (and its exported-program fallback) against eager.
+
+Runs the dynamic-shape sweep on random inputs and every case on real photographs; each check is one
+✓/✗ row in report.md / report.json, and any ✗ fails the task and leaves the package unverified.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from .artifacts import record, write_text_atomic
+from .config import Settings
+from .errors import DriftError
+from .paths import ProfilePaths
+
+log = logging.getLogger("sam3_aoti")
+
+
+@dataclass
+class Check:
+    backend: str  # aoti | exported
+    case: str  # "sweep B=2 P=3" or the case name
+    metric: str
+    value: float | str
+    limit: str
+    ok: bool
+
+    def line(self) -> str:
+        value = f"{self.value:.3g}" if isinstance(self.value, float) else self.value
+        return f"{'✓' if self.ok else '✗'} {self.backend:8} {self.case:22} {self.metric:28} {value:>12}  {self.limit}"
+
+
+def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
+    """One row per output (max |diff|, pearson r) and per score-level metric."""
+    from .model import OUTPUT_NAMES
+
+    rows = []
+    for name in OUTPUT_NAMES:
+        m = metrics[name]
+        rows.append(Check(backend, case, f"{name} max|diff|", m["max_abs"], f"<= {tol['max_abs']}",
+                          m["max_abs"] <= tol["max_abs"]))
+        rows.append(Check(backend, case, f"{name} pearson r", m["pearson"], f">= {tol['pearson_min']}",
+                          m["pearson"] >= tol["pearson_min"]))
+    rows.append(Check(backend, case, "top-1 score |diff|", metrics["top1_score_abs"], f"<= {tol['top1_score_abs']}",
+                      metrics["top1_score_abs"] <= tol["top1_score_abs"]))
+    rows.append(Check(backend, case, "top-5 index overlap", metrics["top5_overlap"], f">= {tol['top5_overlap_min']}",
+                      metrics["top5_overlap"] >= tol["top5_overlap_min"]))
+    return rows
+
+
+def expected_shapes(config, n: int) -> list[tuple]:
+    queries = config.detr_decoder_config.num_queries
+    side = 4 * config.vision_config.backbone_config.image_size // config.vision_config.backbone_config.patch_size
+    return [(n, queries, 1), (n, queries, 4), (n, queries, side, side), (n, 1)]
+
+
+def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases) -> list[Check]:
+    import torch
+
+    from .metrics import compare
+    from .model import example_inputs
+    from .postprocess import to_tensor
+
+    tol = settings.stage("verify")["tolerances"][settings.precision]
+    device = torch.device(settings.device)
+    config = eager.model.config
+    backends = {"aoti": package, "exported": fallback}
+    rows: list[Check] = []
+    with torch.no_grad():
+        for b, p in settings.stage("verify")["shapes"]:
+            label = f"sweep B={b} P={p}"
+            args = example_inputs(config, b, p, seed=b * 10 + p, device=device)
+            reference = eager(*args)
+            for backend, pkg in backends.items():
+                out = pkg.model(*args)
+                got, want = [tuple(o.shape) for o in out], expected_shapes(config, b * p)
+                rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
+                                  str(want), got == want))
+                if got == want:
+                    rows += gate(compare(out, reference), tol, backend, label)
+        for case in cases:
+            image = to_tensor(case.load_image(), device)
+            token_ids = package.encode_prompts(list(case.prompts)).to(device)
+            ref_images = eager_transforms(image)
+            reference = eager(ref_images, token_ids)
+            for backend, pkg in backends.items():
+                images = pkg.transforms(image)
+                diff = float((images - ref_images).abs().max())
+                rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
+                rows += gate(compare(pkg.model(images, token_ids), reference), tol, backend, case.name)
+    return rows
+
+
+def summarize(rows: list[Check]) -> list[str]:
+    """One line per (backend, metric): the first failure if any, else the case closest to its limit."""
+    groups: dict[tuple, list[Check]] = {}
+    for r in rows:
+        groups.setdefault((r.backend, r.metric), []).append(r)
+
+    def margin(r: Check) -> float:
+        if not isinstance(r.value, float):
+            return 0.0
+        limit = float(r.limit.split()[-1])
+        return limit - r.value if r.limit.startswith("<=") else r.value - limit
+
+    lines = []
+    for (backend, metric), group in groups.items():
+        failed = [r for r in group if not r.ok]
+        worst = failed[0] if failed else min(group, key=margin)
+        value = f"{worst.value:.3g}" if isinstance(worst.value, float) else worst.value
+        lines.append(f"{'✗' if failed else '✓'} {backend:8} {metric:30} {value:>10} {worst.limit:10}"
+                     f" {len(group) - len(failed)}/{len(group)} ok, worst: {worst.case}")
+    return lines
+
+
+def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], info: dict) -> None:
+    failed = [r for r in rows if not r.ok]
+    report = {"passed": not failed, "checks": len(rows), "failed": len(failed), **info,
+              "rows": [asdict(r) for r in rows]}
+    write_text_atomic(paths.verify_report_json, json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"# Verify: {settings.profile} ({settings.device}, {settings.precision})",
+        "",
+        f"**{'PASSED' if not failed else 'FAILED'}**: {len(rows) - len(failed)}/{len(rows)} checks; "
+        f"package `{paths.package.name}`, weights `{settings.weights}`"
+        + (" (random init: outputs mean nothing, drift still does)" if settings.weights == "random" else ""),
+        "",
+        "| | backend | case | metric | value | limit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        value = f"{r.value:.3g}" if isinstance(r.value, float) else r.value
+        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {r.metric} | {value} | {r.limit} |")
+    write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
+
+
+def run(settings: Settings) -> None:
+    from .cases import load_cases
+    from .model import DTYPES, ImageTransforms, Sam3Grounding
+    from .package import load_package
+    from .weights import load_model
+
+    paths = ProfilePaths.of(settings)
+    package = load_package(paths.package)
+    if package.fallback_reason:
+        raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
+                         f"rebuild with `uv run doit compile device={settings.device}`")
+    fallback = load_package(paths.package, prefer_aoti=False)
+    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
+    transforms = ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
+    cases = load_cases()
+    log.info("%d sweep shapes, %d cases, backends %s", len(settings.stage("verify")["shapes"]), len(cases),
+             package.backends)
+
+    rows = run_checks(settings, package, fallback, eager, transforms, cases)
+    for r in rows:
+        log.debug("%s", r.line())
+    for line in summarize(rows):
+        (log.error if line.startswith("✗") else log.info)("%s", line)
+    failed = [r for r in rows if not r.ok]
+    write_reports(paths, settings, rows, {"backends": package.backends})
+    record(paths.manifest, "verify", [paths.verify_report_json, paths.verify_report_md], {
+        "verified": not failed, "package_sha256": package.metadata.get("inputs_sha256"),
+        **settings.fingerprint("verify"),
+    })
+    log.info("report: %s", paths.verify_report_md)
+    if failed:
+        worst = failed[0]
+        raise DriftError(f"{len(failed)}/{len(rows)} checks failed, first: {worst.backend} {worst.case} "
+                         f"{worst.metric} = {worst.value} (limit {worst.limit}); see {paths.verify_report_md}")
+
+
+if __name__ == "__main__":
+    from .stage import main
+
+    main("verify", run, __doc__.splitlines()[0])
