@@ -38,6 +38,7 @@ def task_verify():
 
 
 def task_render():
-    return stage_task("render", "PNG per case: eager beside AOTI (masks, boxes, scores)",
-                      ["postprocess", "cases", "package"], [PATHS.package, DEFAULT_CASES, PATHS.verify_report_json],
-                      [PATHS.render_index])
+    # After verify (a failed gate stops here), but verify's report is no input of the pictures.
+    return {**stage_task("render", "PNG per case: eager beside AOTI (masks, boxes, scores)",
+                         ["postprocess", "cases", "package"], [PATHS.package, DEFAULT_CASES], [PATHS.render_index]),
+            "task_dep": ["verify"]}

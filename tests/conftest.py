@@ -1,0 +1,58 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def copy_repo(dest: Path) -> Path:
+    """The files `uv run doit` needs, in a fresh folder (no artifacts, no doit state)."""
+    for name in ("dodo.py", "pipeline.toml", "cases.toml"):
+        shutil.copy(REPO / name, dest / name)
+    for name in ("src", "tasks", "env"):
+        if (REPO / name).exists():
+            shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "cuda.env"))
+    return dest
+
+
+def run_doit(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=repo, env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def executed(proc: subprocess.CompletedProcess) -> set[str]:
+    """Tasks doit ran (". name") as opposed to found up to date ("-- name")."""
+    return {line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture(scope="session")
+def built_repo(tmp_path_factory) -> Path:
+    """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU."""
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    run_doit(repo, "device=cpu")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    from sam3_aoti.model import random_model, tiny_config
+
+    return random_model(tiny_config(), seed=0)
