@@ -3,16 +3,25 @@
 Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 weights=random|PATH config=PATH
 """
 
-from tasks import PATHS, SETTINGS, SummaryReporter, stage_task
+import os
+
+from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task, toolchain_changed
 from sam3_aoti.cases import DEFAULT_CASES
+from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
 DOIT_CONFIG = {
-    "default_tasks": ["render"],
+    "default_tasks": ["toolchain", "render"],
     "dep_file": str(PATHS.root / ".doit.db"),  # one state file per profile: switching never rebuilds
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
 }
 PATHS.root.mkdir(parents=True, exist_ok=True)
+
+
+def task_toolchain():
+    return stage_task("toolchain", "CUDA toolkit for AOTInductor (pip wheels if needed) and a doctor with a probe",
+                      ["probe"], [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
+                      machine={k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "PATH")})
 
 
 def task_weights():
@@ -27,8 +36,10 @@ def task_export():
 
 
 def task_compile():
-    return stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
-                      ["package", "tokenizer"], [PATHS.exported_model, PATHS.exported_transforms], [PATHS.package])
+    return {**stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
+                         ["package", "tokenizer"], [PATHS.exported_model, PATHS.exported_transforms], [PATHS.package],
+                         uptodate=[toolchain_changed()]),
+            "task_dep": ["toolchain"]}
 
 
 def task_verify():
@@ -42,3 +53,8 @@ def task_render():
     return {**stage_task("render", "PNG per case: eager beside AOTI (masks, boxes, scores)",
                          ["postprocess", "cases", "package"], [PATHS.package, DEFAULT_CASES], [PATHS.render_index]),
             "task_dep": ["verify"]}
+
+
+def task_bench():
+    return stage_task("bench", "Latency table: eager vs exported program vs AOTI at several (B, P) (not in the default run)",
+                      [], [PATHS.package], [PATHS.bench_json, PATHS.bench_md])

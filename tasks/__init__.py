@@ -5,6 +5,9 @@ Nothing here imports torch: `doit list` stays instant. Stage work happens in `sa
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +36,7 @@ def _settings():
 
 SETTINGS = _settings()
 PATHS = ProfilePaths.of(SETTINGS)
+ENV_FILE = ROOT / "env" / "cuda.env"
 
 
 def sources(*modules: str) -> list[str]:
@@ -40,26 +44,54 @@ def sources(*modules: str) -> list[str]:
     return [str(SOURCES / f"{m}.py") for m in modules]
 
 
+def stage_command(name: str) -> list[str]:
+    args = [sys.executable, "-m", f"sam3_aoti.{name}"]
+    for var in VARIABLES:
+        if get_var(var):
+            args += [f"--{var}", get_var(var)]
+    return args
+
+
+def stage_env() -> dict:
+    """The environment of a stage process: ours, the checkout's library first, plus env/cuda.env."""
+    from sam3_aoti.toolchain import read_env_file
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env.update(read_env_file(ENV_FILE, env))
+    return env
+
+
 def run_stage(name: str):
-    import importlib
-
-    from sam3_aoti.stage import run
-
-    module = importlib.import_module(f"sam3_aoti.{name}")
-    try:
-        run(name, module.run, SETTINGS)
-    except Sam3AotiError as e:
-        return TaskFailed(f"{name}: {e}")
-    return None
+    """Each stage in its own process: memory is returned between full-size stages, env/cuda.env applies
+    before torch is imported, and a crash in native code fails the task instead of killing doit."""
+    proc = subprocess.run(stage_command(name), cwd=ROOT, env=stage_env())
+    if proc.returncode == 0:
+        return None
+    how = f"exit {proc.returncode}" if proc.returncode > 0 else f"killed by {signal.Signals(-proc.returncode).name}"
+    return TaskFailed(f"stage {name} failed ({how}); log: {PATHS.log(name).relative_to(ROOT)}")
 
 
-def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, **fingerprint_extra) -> dict:
+class toolchain_changed(config_changed):
+    """config_changed over env/cuda.env as it is when doit checks the task (after `toolchain` ran),
+    not when the dodo was loaded: a new toolkit or fix rebuilds the package, an unchanged one does not."""
+
+    def __init__(self):
+        super().__init__({})
+
+    def _calc_digest(self):
+        self.config = {"cuda.env": ENV_FILE.read_text() if ENV_FILE.exists() else None}
+        return super()._calc_digest()
+
+
+def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, uptodate=(),
+               **fingerprint_extra) -> dict:
     return {
         "doc": doc,
         "actions": [(run_stage, [name])],
         "file_dep": sources(name, *modules) + [str(p) for p in file_dep],
         "targets": [str(p) for p in targets],
-        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra})],
+        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}), *uptodate],
         "clean": True,
         "verbosity": 2,
     }
@@ -70,7 +102,8 @@ class SummaryReporter(ConsoleReporter):
 
     def complete_run(self):
         super().complete_run()
-        shown = [("package", PATHS.package), ("report", PATHS.verify_report_md), ("pictures", PATHS.render_index)]
+        shown = [("package", PATHS.package), ("report", PATHS.verify_report_md), ("pictures", PATHS.render_index),
+                 ("bench", PATHS.bench_md)]
         lines = [f"  {label:9} {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
                  for label, path in shown if path.exists()]
         if lines and not self.failures:

@@ -82,6 +82,8 @@ def load_settings(
     device = device or ("cuda" if gpu_present() else "cpu")
     if device not in DEVICES:
         raise ConfigError(f"unknown device={device!r}: use cpu or cuda")
+    if device == "cuda" and not gpu_present():
+        raise ConfigError("device=cuda but no NVIDIA driver is loaded on this machine: use device=cpu")
     precision = precision or tables["profiles"][profile].get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision={precision!r}: use fp32 or bf16")

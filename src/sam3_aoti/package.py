@@ -39,7 +39,14 @@ class Sam3Package:
     backends: dict[str, str]  # name -> "aoti" | "exported"
     metadata: dict
     merges_text: str
-    fallback_reason: str | None = field(default=None)
+    fallback_reason: str | None = None
+    exported: dict = field(default_factory=dict, repr=False)
+
+    def exported_only(self) -> "Sam3Package":
+        """The same package through its exported programs (the fallback path), without reloading it."""
+        runners = {name: program.module() for name, program in self.exported.items()}
+        return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
+                           self.fallback_reason, self.exported)
 
     def __getitem__(self, name: str) -> Callable:
         return self.runners[name]
@@ -111,4 +118,4 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
 
         raise PackageError(f"{path} holds no {', '.join(missing)} model: rebuild it with `uv run doit compile`")
     return Sam3Package(runners, backends, json.loads(extra.get(METADATA_FILE, "{}")), extra.get(VOCAB_FILE, ""),
-                       fallback_reason)
+                       fallback_reason, {n: exported[n] for n in MODEL_NAMES if n in exported})

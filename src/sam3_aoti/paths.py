@@ -52,6 +52,14 @@ class ProfilePaths:
         return self.render_dir / "index.md"
 
     @property
+    def bench_json(self) -> Path:
+        return self.root / "bench" / "bench.json"
+
+    @property
+    def bench_md(self) -> Path:
+        return self.root / "bench" / "bench.md"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 

@@ -147,7 +147,7 @@ def run(settings: Settings) -> None:
     if package.fallback_reason:
         raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                          f"rebuild with `uv run doit compile device={settings.device}`")
-    fallback = load_package(paths.package, prefer_aoti=False)
+    fallback = package.exported_only()
     eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
     transforms = ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
     cases = load_cases()
