@@ -1,6 +1,7 @@
 """CUDA toolkit from pip wheels and the doctor's probe, on a machine without a GPU."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,16 +99,15 @@ def test_probe_runs_aoti_on_the_cpu():
 
 def test_env_file_round_trip_prepends_path(tmp_path):
     path = tmp_path / "cuda.env"
-    options = '{"aot_inductor.precompile_headers": false}'
+    fix = "regex-free parse_device_str"
     toolchain.write_env_file(path, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/x/g++",
-                                    toolchain.INDUCTOR_VARIABLE: options})
+                                    toolchain.FIX_VARIABLE: fix})
     values = toolchain.read_env_file(path, {"PATH": "/usr/bin"})
     assert values == {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin:/usr/bin", "CXX": "/x/g++",
-                      toolchain.INDUCTOR_VARIABLE: options}
-    script = f". {path}; echo $CUDA_HOME; echo $PATH; echo ${toolchain.INDUCTOR_VARIABLE}"
+                      toolchain.FIX_VARIABLE: fix}
+    script = f". {path}; echo $CUDA_HOME; echo $PATH; echo ${toolchain.FIX_VARIABLE}"
     shell = subprocess.run(["sh", "-c", script], env={"PATH": "/usr/bin"}, capture_output=True, text=True).stdout
-    assert shell.splitlines() == ["/opt/cuda", "/opt/cuda/bin:/usr/bin", options]
-    assert toolchain.inductor_options_from_env(values) == {"aot_inductor.precompile_headers": False}
+    assert shell.splitlines() == ["/opt/cuda", "/opt/cuda/bin:/usr/bin", fix]
 
 
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
@@ -136,3 +136,11 @@ def test_every_known_fix_still_compiles_and_runs_the_probe(tmp_path):
     for name, extra in toolchain.candidate_fixes(tmp_path, "g++"):
         result = toolchain.run_probe("cpu", {**os.environ, **extra})
         assert result["ok"], (name, result)
+
+
+def test_a_compiler_that_links_libstdcxx_statically_is_detected(tmp_path):
+    assert not toolchain.links_libstdcxx_statically("g++", tmp_path)
+    static = toolchain.compiler_wrapper(tmp_path / "g++-static", shutil.which("g++"), ["-static-libstdc++"])
+    assert toolchain.links_libstdcxx_statically(str(static), tmp_path)
+    fixes = [name for name, _ in toolchain.candidate_fixes(tmp_path, str(static))]
+    assert fixes[0].startswith("compiler linking libstdc++ shared: ") and fixes[-1] == "regex-free parse_device_str"

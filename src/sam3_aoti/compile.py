@@ -91,8 +91,7 @@ def build_metadata(settings: Settings, exported_model, paths: ProfilePaths, indu
                       "vocab_file": "tokenizer/bpe_simple_vocab_16e6.txt", "attention_mask": "token_ids != 0"},
         "versions": {**platform_info(settings.device), "transformers": transformers.__version__},
         "inductor_options": inductor,
-        "toolchain": {k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "SAM3_AOTI_TOOLCHAIN_FIX",
-                                                     "SAM3_AOTI_INDUCTOR_OPTIONS")},
+        "toolchain": {k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "SAM3_AOTI_TOOLCHAIN_FIX")},
         "inputs_sha256": {
             "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
             "exported_model": sha256(paths.exported_model),
@@ -108,9 +107,7 @@ def run(settings: Settings) -> None:
     from .tokenizer import read_merges_text
 
     paths = ProfilePaths.of(settings)
-    from .toolchain import inductor_options_from_env
-
-    inductor = {**settings.stage("compile").get("inductor", {}), **inductor_options_from_env()}
+    inductor = dict(settings.stage("compile").get("inductor", {}))
     exported = {"model": torch.export.load(paths.exported_model), "transforms": torch.export.load(paths.exported_transforms)}
     aoti_files, seconds = {}, {}
     for name, program in exported.items():

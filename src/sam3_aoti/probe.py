@@ -27,10 +27,7 @@ def main() -> None:
     t0 = time.perf_counter()
     program = torch.export.export(model, (x,), dynamic_shapes={"input": {0: batch}})
     with tempfile.TemporaryDirectory() as tmp:
-        from sam3_aoti.toolchain import inductor_options_from_env
-
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "probe.pt2"),
-                                                        inductor_configs=inductor_options_from_env())
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "probe.pt2"))
         compile_s = time.perf_counter() - t0
         print("compiled; loading", file=sys.stderr, flush=True)
         runner = torch._inductor.aoti_load_package(path)

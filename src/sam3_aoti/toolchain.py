@@ -34,12 +34,6 @@ log = logging.getLogger("sam3_aoti")
 PIN_TABLE = REPO_ROOT / "env" / "toolchain.toml"
 ENV_FILE = REPO_ROOT / "env" / "cuda.env"
 FIX_VARIABLE = "SAM3_AOTI_TOOLCHAIN_FIX"
-INDUCTOR_VARIABLE = "SAM3_AOTI_INDUCTOR_OPTIONS"  # JSON: inductor options a fix needs, merged by compile
-
-
-def inductor_options_from_env(env: dict | None = None) -> dict:
-    raw = (os.environ if env is None else env).get(INDUCTOR_VARIABLE)
-    return json.loads(raw) if raw else {}
 
 
 def toolchain_dir(settings: Settings) -> Path:
@@ -328,17 +322,45 @@ def compiler_wrapper(path: Path, cxx: str, extra: list[str]) -> Path:
     return path
 
 
+def links_libstdcxx_statically(cxx: str, scratch: Path) -> bool:
+    """Does this compiler put a private libstdc++ into shared objects (a wrapper adding -static-libstdc++)?
+
+    Such an AOTI wrapper.so carries its own std::locale machinery while some of std::regex's statics bind
+    to torch's libraries (shared libstdc++): the mix crashes in parse_device_str's std::regex on load.
+    """
+    scratch.mkdir(parents=True, exist_ok=True)
+    source, lib = scratch / "libstdcxx_check.cpp", scratch / "libstdcxx_check.so"
+    source.write_text("#include <string>\nstd::string f(int i) { return std::to_string(i); }\n")
+    built = subprocess.run([cxx, "-shared", "-fPIC", str(source), "-o", str(lib)], capture_output=True)
+    if built.returncode != 0:
+        return False
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    return "libstdc++" not in needed
+
+
+def shared_libstdcxx_compilers(cxx: str, scratch: Path) -> list[str]:
+    """Other g++ on this machine that link the shared libstdc++ (same family: system g++, g++-N)."""
+    current = os.path.realpath(cxx)
+    names = [shutil.which("g++", path="/usr/bin:/bin"), "/usr/bin/c++"] + sorted(map(str, Path("/usr/bin").glob("g++-[0-9]*")))
+    found = []
+    for name in names:
+        if name and os.path.exists(name) and os.path.realpath(name) != current and name not in found:
+            if not links_libstdcxx_statically(name, scratch):
+                found.append(name)
+    return found
+
+
 def candidate_fixes(scratch: Path, cxx: str) -> list[tuple[str, dict]]:
-    """Known fixes for a probe that compiles but cannot load, least invasive first: an inductor option,
-    a linker option, then an include overlay that takes std::regex out of the load path."""
-    linked = compiler_wrapper(scratch / "cxx-link-libstdcxx", cxx, ["-Wl,--no-as-needed", "-lstdc++"])
+    """Fixes for a probe that compiles but crashes on load, least invasive first: a compiler of the
+    machine's that links libstdc++ shared (when the configured one links it statically), then an include
+    overlay that takes std::regex out of the load path."""
+    fixes = []
+    if links_libstdcxx_statically(cxx, scratch):
+        fixes += [(f"compiler linking libstdc++ shared: {c}", {"CXX": c}) for c in shared_libstdcxx_compilers(cxx, scratch)[:1]]
     overlay = regex_free_overlay(scratch / "include-overlay")
     overlaid = compiler_wrapper(scratch / "cxx-overlay", cxx, [f"-I{overlay}"])
-    return [
-        ("no precompiled headers", {INDUCTOR_VARIABLE: json.dumps({"aot_inductor.precompile_headers": False})}),
-        ("link libstdc++ explicitly", {"CXX": str(linked)}),
-        ("regex-free parse_device_str", {"CXX": str(overlaid)}),
-    ]
+    fixes.append(("regex-free parse_device_str", {"CXX": str(overlaid)}))
+    return fixes
 
 
 # ---- the stage ---------------------------------------------------------------------------------------
@@ -348,12 +370,16 @@ def run(settings: Settings) -> dict:
 
     scratch = toolchain_dir(settings)
     scratch.mkdir(parents=True, exist_ok=True)
-    base_env = {k: v for k, v in os.environ.items() if k not in (FIX_VARIABLE, INDUCTOR_VARIABLE)}
+    base_env = {k: v for k, v in os.environ.items() if k != FIX_VARIABLE}
     if base_env.get("CXX", "").startswith(str(scratch)):  # a wrapper of ours from an earlier fix
         base_env.pop("CXX")
     report: dict = {"device": settings.device, "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                     "python": sys.version.split()[0], "notes": []}
     report["cxx"] = cxx_info(base_env)
+    report["cxx"]["links_libstdcxx_statically"] = links_libstdcxx_statically(report["cxx"]["path"], scratch)
+    if report["cxx"]["links_libstdcxx_statically"]:
+        report["notes"].append(f"{report['cxx']['path']} links libstdc++ statically into shared objects: AOTI "
+                               "wrappers then carry a private C++ runtime that clashes with torch's")
     env_values: dict[str, str] = {}
 
     if torch.version.cuda is None:
