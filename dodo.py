@@ -5,7 +5,7 @@ Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 we
 
 import os
 
-from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task, toolchain_changed
+from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
 from sam3_aoti.cases import DEFAULT_CASES
 from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
@@ -38,7 +38,7 @@ def task_export():
 def task_compile():
     return {**stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
                          ["package", "tokenizer"], [PATHS.exported_model, PATHS.exported_transforms], [PATHS.package],
-                         uptodate=[toolchain_changed()]),
+                         toolchain=True),
             "task_dep": ["toolchain"]}
 
 

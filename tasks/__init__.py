@@ -72,26 +72,29 @@ def run_stage(name: str):
     return TaskFailed(f"stage {name} failed ({how}); log: {PATHS.log(name).relative_to(ROOT)}")
 
 
-class toolchain_changed(config_changed):
-    """config_changed over env/cuda.env as it is when doit checks the task (after `toolchain` ran),
-    not when the dodo was loaded: a new toolkit or fix rebuilds the package, an unchanged one does not."""
+class fingerprint_changed(config_changed):
+    """config_changed over a stage's options; with `toolchain=True` also over env/cuda.env as it is when doit
+    checks the task (after `toolchain` ran), not when the dodo was loaded. One object per task: doit keeps
+    a single `_config_changed` value per task, so two would overwrite each other's saved digest."""
 
-    def __init__(self):
-        super().__init__({})
+    def __init__(self, options: dict, toolchain: bool = False):
+        super().__init__(options)
+        self.options, self.toolchain = options, toolchain
 
     def _calc_digest(self):
-        self.config = {"cuda.env": ENV_FILE.read_text() if ENV_FILE.exists() else None}
+        env = ENV_FILE.read_text() if self.toolchain and ENV_FILE.exists() else None
+        self.config = {**self.options, "cuda.env": env} if self.toolchain else self.options
         return super()._calc_digest()
 
 
-def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, uptodate=(),
+def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, toolchain: bool = False,
                **fingerprint_extra) -> dict:
     return {
         "doc": doc,
         "actions": [(run_stage, [name])],
         "file_dep": sources(name, *modules) + [str(p) for p in file_dep],
         "targets": [str(p) for p in targets],
-        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}), *uptodate],
+        "uptodate": [fingerprint_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}, toolchain)],
         "clean": True,
         "verbosity": 2,
     }

@@ -92,3 +92,21 @@ def test_list_does_not_import_torch(tmp_path):
 def test_logs_show_stage_and_elapsed_time(built_repo):
     log = (built_repo / "artifacts" / "tiny" / "logs" / "compile.log").read_text()
     assert re.search(r"^\[compile +\d+\.\ds\] compiled model in", log, re.M)
+
+
+def test_bench_runs_alone_and_writes_a_table(built_repo):
+    proc = run_doit(built_repo, "bench", "device=cpu")
+    assert executed(proc) == {"bench"}  # the package is up to date: nothing upstream reruns
+    bench = json.loads((built_repo / "artifacts" / "tiny" / "bench" / "bench.json").read_text())
+    assert [(r["batch"], r["prompts"]) for r in bench["rows"]] == [(1, 1), (2, 3), (4, 4)]
+    assert all(r["aoti_ms"] > 0 and r["eager_ms"] > 0 for r in bench["rows"])
+    assert "| 2 | 3 |" in (built_repo / "artifacts" / "tiny" / "bench" / "bench.md").read_text()
+
+
+def test_a_missing_input_fails_the_stage_in_one_line(tmp_path):
+    repo = copy_repo(tmp_path)
+    proc = run_doit(repo, "-s", "bench", "device=cpu", check=False)  # -s: run bench alone, no package built
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert out.count("failed: no package at") == 1
+    assert "log: artifacts/tiny/logs/bench.log" in out

@@ -94,7 +94,11 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
     import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages)
     from torch.export.pt2_archive._package import load_pt2
 
+    from .errors import PackageError
+
     path = Path(path)
+    if not path.is_file():
+        raise PackageError(f"no package at {path}: build it with `uv run doit compile`")
     fallback_reason = None
     aoti: dict = {}
     if prefer_aoti:
@@ -114,8 +118,6 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
             runners[name], backends[name] = exported[name].module(), "exported"
     missing = [n for n in MODEL_NAMES if n not in runners]
     if missing:
-        from .errors import PackageError
-
         raise PackageError(f"{path} holds no {', '.join(missing)} model: rebuild it with `uv run doit compile`")
     return Sam3Package(runners, backends, json.loads(extra.get(METADATA_FILE, "{}")), extra.get(VOCAB_FILE, ""),
                        fallback_reason, {n: exported[n] for n in MODEL_NAMES if n in exported})

@@ -39,12 +39,19 @@ def stage_logging(settings: Settings, stage: str):
     log.setLevel(logging.DEBUG)
     log.propagate = False
     try:
-        log.info("profile=%s device=%s precision=%s", settings.profile, settings.device, settings.precision)
+        log.info("profile=%s device=%s precision=%s weights=%s", settings.profile, settings.device,
+                 settings.precision, settings.weights)
         yield
         log.info("done")
     except Sam3AotiError as e:
         log.error("failed: %s", e)
         raise
+    except Exception as e:  # a bug or an unforeseen library error: the traceback goes to the log only
+        log.debug("traceback", exc_info=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        message = f"unexpected {type(e).__name__}: {first} (traceback in {path})"
+        log.error("failed: %s", message)
+        raise Sam3AotiError(message) from None
     finally:
         for h in handlers:
             log.removeHandler(h)
@@ -81,6 +88,9 @@ def main(stage: str, fn, description: str) -> None:
     args = parser.parse_args()
     try:
         settings = load_settings(args.profile, args.device, args.precision, args.weights, args.config)
-        run(stage, fn, settings)
     except Sam3AotiError as e:
         sys.exit(f"{stage}: {e}")
+    try:
+        run(stage, fn, settings)
+    except Sam3AotiError:
+        sys.exit(1)  # stage_logging already printed the one-line reason
