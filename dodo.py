@@ -45,13 +45,14 @@ def task_compile():
 def task_verify():
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
                       ["metrics", "cases", "package", "postprocess"], [PATHS.package, DEFAULT_CASES],
-                      [PATHS.verify_report_json, PATHS.verify_report_md])
+                      [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 
 def task_render():
     # After verify (a failed gate stops here), but verify's report is no input of the pictures.
-    return {**stage_task("render", "PNG per case: eager beside AOTI (masks, boxes, scores)",
-                         ["postprocess", "cases", "package"], [PATHS.package, DEFAULT_CASES], [PATHS.render_index]),
+    return {**stage_task("render", "Pictures: eager beside AOTI per case, top-mask differences, score scatter",
+                         ["postprocess", "cases", "package", "metrics"], [PATHS.package, DEFAULT_CASES],
+                         [PATHS.render_index]),
             "task_dep": ["verify"]}
 
 

@@ -7,19 +7,20 @@ import sys
 
 from conftest import copy_repo, executed, run_doit
 
-STAGES = {"weights", "export", "compile", "verify", "render"}
+STAGES = {"toolchain", "weights", "export", "compile", "verify", "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
     art = built_repo / "artifacts" / "tiny"
     for rel in ["weights/checkpoint/model.safetensors", "export/model.pt2", "export/transforms.pt2",
-                "package/sam3.pt2", "verify/report.json", "verify/report.md", "render/index.md",
-                "render/astronaut.png", *(f"logs/{s}.log" for s in STAGES)]:
+                "package/sam3.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
+                "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
+                *(f"logs/{s}.log" for s in STAGES)]:
         assert (art / rel).exists(), rel
     report = json.loads((art / "verify" / "report.json").read_text())
     assert report["passed"] and report["failed"] == 0 and report["checks"] > 50
     manifest = json.loads((art / "manifest.json").read_text())
-    assert set(manifest["stages"]) == STAGES
+    assert set(manifest["stages"]) == STAGES - {"toolchain"}  # the toolchain is per machine: doctor.json
     assert manifest["stages"]["verify"]["verified"] is True
     package = manifest["stages"]["compile"]["outputs"]["package/sam3.pt2"]
     assert package["bytes"] == (art / "package" / "sam3.pt2").stat().st_size
@@ -41,6 +42,9 @@ def test_a_verify_tolerance_reruns_verify_alone(built_repo):
         assert executed(run_doit(built_repo, "device=cpu")) == {"verify"}
     finally:
         config.write_text(text)
+    log = (built_repo / "artifacts" / "tiny" / "logs" / "verify.log").read_text()
+    hits, total = map(int, re.search(r"eager reference: (\d+) of (\d+) from cache", log).groups())
+    assert hits == total > 0  # the rerun did not run the eager model again
     run_doit(built_repo, "device=cpu")
 
 

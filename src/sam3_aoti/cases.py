@@ -38,11 +38,29 @@ class Case:
         return np.ascontiguousarray(image[..., :3]).astype(np.uint8)
 
 
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
+
+
+def folder_entries(path: Path, folders: list[dict]) -> list[dict]:
+    """`[[folder]]` tables: every image in `path` becomes a case with the folder's prompts."""
+    entries = []
+    for folder in folders:
+        root = (Path(path).parent / folder.get("path", "")).resolve()
+        if not root.is_dir():
+            raise ConfigError(f"{path}: image folder {root} does not exist: fix `path` in its [[folder]] table")
+        images = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            raise ConfigError(f"{path}: image folder {root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        entries += [{"image": str(image), "prompts": folder.get("prompts")} for image in images]
+    return entries
+
+
 def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
     try:
-        entries = tomllib.loads(Path(path).read_text()).get("case", [])
+        table = tomllib.loads(Path(path).read_text())
     except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cases file {path} unreadable ({e}): fix it or restore cases.toml") from None
+    entries = table.get("case", []) + folder_entries(path, table.get("folder", []))
     cases = []
     for i, entry in enumerate(entries):
         if not entry.get("image") or not entry.get("prompts"):

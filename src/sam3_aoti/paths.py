@@ -44,12 +44,17 @@ class ProfilePaths:
         return self.root / "verify" / "report.md"
 
     @property
+    def verify_report_html(self) -> Path:
+        return self.root / "verify" / "report.html"
+
+    @property
     def render_dir(self) -> Path:
         return self.root / "render"
 
     @property
     def render_index(self) -> Path:
         return self.render_dir / "index.md"
+
 
     @property
     def bench_json(self) -> Path:

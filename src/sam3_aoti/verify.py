@@ -6,11 +6,13 @@ Runs the dynamic-shape sweep on random inputs and every case on real photographs
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from .artifacts import record, write_text_atomic
+from .artifacts import atomic_output, record, write_text_atomic
 from .config import Settings
 from .errors import DriftError
 from .paths import ProfilePaths
@@ -47,6 +49,10 @@ def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
                       metrics["top1_score_abs"] <= tol["top1_score_abs"]))
     rows.append(Check(backend, case, "top-5 index overlap", metrics["top5_overlap"], f">= {tol['top5_overlap_min']}",
                       metrics["top5_overlap"] >= tol["top5_overlap_min"]))
+    rows.append(Check(backend, case, "top-5 matched box max|diff|", metrics["matched_box_abs"],
+                      f"<= {tol['box_abs']}", metrics["matched_box_abs"] <= tol["box_abs"]))
+    rows.append(Check(backend, case, "top-5 mask IoU (min)", metrics["topk_mask_iou_min"],
+                      f">= {tol['mask_iou_min']}", metrics["topk_mask_iou_min"] >= tol["mask_iou_min"]))
     return rows
 
 
@@ -56,35 +62,69 @@ def expected_shapes(config, n: int) -> list[tuple]:
     return [(n, queries, 1), (n, queries, 4), (n, queries, side, side), (n, 1)]
 
 
-def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases) -> list[Check]:
+def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
+    shapes = [tuple(s) for s in opts["shapes"]]
+    if opts.get("largest_shape") and tuple(opts["largest_shape"]) not in shapes:
+        shapes.append(tuple(opts["largest_shape"]))
+    return shapes
+
+
+class ReferenceCache:
+    """Eager outputs on disk, keyed by everything they depend on (weights, code, inputs, device,
+    precision), so a re-compile re-runs only the package, never the slow full-size eager model."""
+
+    def __init__(self, folder: Path, identity: dict):
+        self.folder, self.identity, self.hits = folder, identity, 0
+
+    def get(self, inputs: tuple, compute):
+        import torch
+
+        h = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode())
+        for t in inputs:
+            h.update(str((tuple(t.shape), t.dtype)).encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        path = self.folder / f"{h.hexdigest()[:24]}.pt"
+        if path.exists():
+            self.hits += 1
+            return tuple(o.to(inputs[0].device) for o in torch.load(path))
+        outputs = compute(*inputs)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path) as tmp:
+            torch.save(tuple(o.cpu() for o in outputs), tmp)
+        return outputs
+
+
+def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases, cache) -> list[Check]:
     import torch
 
     from .metrics import compare
     from .model import example_inputs
     from .postprocess import to_tensor
 
-    tol = settings.stage("verify")["tolerances"][settings.precision]
+    opts = settings.stage("verify")
+    tol = opts["tolerances"][settings.precision]
     device = torch.device(settings.device)
     config = eager.model.config
     backends = {"aoti": package, "exported": fallback}
     rows: list[Check] = []
     with torch.no_grad():
-        for b, p in settings.stage("verify")["shapes"]:
+        for b, p in sweep_shapes(opts):
             label = f"sweep B={b} P={p}"
             args = example_inputs(config, b, p, seed=b * 10 + p, device=device)
-            reference = eager(*args)
+            reference = cache.get(args, eager)
+            want = expected_shapes(config, b * p)
             for backend, pkg in backends.items():
                 out = pkg.model(*args)
-                got, want = [tuple(o.shape) for o in out], expected_shapes(config, b * p)
+                got = [tuple(o.shape) for o in out]
                 rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
-                                  str(want), got == want))
+                                  "as expected", got == want))
                 if got == want:
                     rows += gate(compare(out, reference), tol, backend, label)
         for case in cases:
             image = to_tensor(case.load_image(), device)
             token_ids = package.encode_prompts(list(case.prompts)).to(device)
             ref_images = eager_transforms(image)
-            reference = eager(ref_images, token_ids)
+            reference = cache.get((ref_images, token_ids), eager)
             for backend, pkg in backends.items():
                 images = pkg.transforms(image)
                 diff = float((images - ref_images).abs().max())
@@ -115,11 +155,45 @@ def summarize(rows: list[Check]) -> list[str]:
     return lines
 
 
-def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], info: dict) -> None:
+def html_report(settings: Settings, verify_report: dict, pictures: list[tuple[str, str]]) -> str:
+    """One page: the verdict, every picture (made by `render`, linked from ../render/), then the table."""
+    import html
+
+    def cells(r: dict) -> str:
+        value = r["value"] if isinstance(r["value"], str) else f"{r['value']:.3g}"
+        values = ["✓" if r["ok"] else "✗", r["backend"], r["case"], r["metric"], value, r["limit"]]
+        return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
+
+    verdict = "PASSED" if verify_report.get("passed") else "FAILED"
+    rows = "".join(f"<tr class={'ok' if r['ok'] else 'bad'}>{cells(r)}</tr>" for r in verify_report.get("rows", []))
+    figures = "".join(f"<figure><img src='{name}'><figcaption>{html.escape(caption)}</figcaption></figure>"
+                      for name, caption in pictures)
+    return f"""<!doctype html><meta charset=utf-8><title>sam3-aoti {settings.profile}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td{{padding:2px 8px;border-bottom:1px solid #ddd}}
+tr.bad{{background:#fdd}} img{{max-width:100%}} figure{{margin:1em 0}}</style>
+<h1>sam3-aoti: {settings.profile} ({settings.device}, {settings.precision}, weights {html.escape(settings.weights)})</h1>
+<p><b>{verdict}</b>: {verify_report.get('checks', 0) - verify_report.get('failed', 0)}/{verify_report.get('checks', 0)} checks.
+Left of each case: eager transformers; right: the AOTI package.</p>
+{figures}
+<h2>Checks</h2><table><tr><th></th><th>backend</th><th>case</th><th>metric</th><th>value</th><th>limit</th></tr>{rows}</table>
+"""
+
+
+def pictures(cases) -> list[tuple[str, str]]:
+    """The PNGs `render` makes, by name, with captions."""
+    shown = [("../render/scores.png", "AOTI vs eager score of every query of every case")]
+    for case in cases:
+        shown += [(f"../render/{case.name}.png", f"{case.name}: {', '.join(case.prompts)} (left eager, right AOTI)"),
+                  (f"../render/{case.name}_mask_diff.png", f"{case.name}: top mask, |AOTI - eager| after sigmoid")]
+    return shown
+
+
+def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], info: dict, cases) -> None:
     failed = [r for r in rows if not r.ok]
     report = {"passed": not failed, "checks": len(rows), "failed": len(failed), **info,
               "rows": [asdict(r) for r in rows]}
     write_text_atomic(paths.verify_report_json, json.dumps(report, indent=2) + "\n")
+    write_text_atomic(paths.verify_report_html, html_report(settings, report, pictures(cases)))
     lines = [
         f"# Verify: {settings.profile} ({settings.device}, {settings.precision})",
         "",
@@ -134,6 +208,17 @@ def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], in
         value = f"{r.value:.3g}" if isinstance(r.value, float) else r.value
         lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {r.metric} | {value} | {r.limit} |")
     write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
+
+
+def reference_identity(settings: Settings, paths: ProfilePaths) -> dict:
+    """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
+    device, precision, library versions."""
+    from . import model
+
+    manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
+    weights = manifest.get("stages", {}).get("weights", {}).get("outputs", {})
+    return {"weights": weights, "model_code": hashlib.sha256(Path(model.__file__).read_bytes()).hexdigest(),
+            **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}
 
 
 def run(settings: Settings) -> None:
@@ -151,21 +236,22 @@ def run(settings: Settings) -> None:
     eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
     transforms = ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
     cases = load_cases()
-    log.info("%d sweep shapes, %d cases, backends %s", len(settings.stage("verify")["shapes"]), len(cases),
+    log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
-
-    rows = run_checks(settings, package, fallback, eager, transforms, cases)
+    cache = ReferenceCache(paths.root / "verify" / "reference", reference_identity(settings, paths))
+    rows = run_checks(settings, package, fallback, eager, transforms, cases, cache)
+    log.info("eager reference: %d of %d from cache", cache.hits, len(sweep_shapes(settings.stage("verify"))) + len(cases))
     for r in rows:
         log.debug("%s", r.line())
     for line in summarize(rows):
         (log.error if line.startswith("✗") else log.info)("%s", line)
     failed = [r for r in rows if not r.ok]
-    write_reports(paths, settings, rows, {"backends": package.backends})
-    record(paths.manifest, "verify", [paths.verify_report_json, paths.verify_report_md], {
+    write_reports(paths, settings, rows, {"backends": package.backends}, cases)
+    record(paths.manifest, "verify", [paths.verify_report_json, paths.verify_report_md, paths.verify_report_html], {
         "verified": not failed, "package_sha256": package.metadata.get("inputs_sha256"),
         **settings.fingerprint("verify"),
     })
-    log.info("report: %s", paths.verify_report_md)
+    log.info("report: %s (with the pictures: %s)", paths.verify_report_md, paths.verify_report_html)
     if failed:
         worst = failed[0]
         raise DriftError(f"{len(failed)}/{len(rows)} checks failed, first: {worst.backend} {worst.case} "

@@ -1,0 +1,93 @@
+"""Verify's gates have teeth: a perturbed package is rejected; cases come from files and folders."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sam3_aoti import verify
+from sam3_aoti.cases import load_cases
+from sam3_aoti.config import load_settings
+from sam3_aoti.errors import ConfigError
+from sam3_aoti.metrics import compare, mask_iou
+from sam3_aoti.model import ImageTransforms, Sam3Grounding
+from sam3_aoti.package import load_package
+
+
+class Perturbed:
+    """A package whose model drifts: boxes shift by 0.01 and mask logits flip sign on one query."""
+
+    def __init__(self, package):
+        self.inner = package
+        self.transforms, self.encode_prompts = package.transforms, package.encode_prompts
+
+    def model(self, images, token_ids):
+        logits, boxes, masks, presence = self.inner.model(images, token_ids)
+        masks = masks.clone()
+        masks[:, 0] = -masks[:, 0]
+        return logits, boxes + 0.01, masks, presence
+
+
+def test_a_perturbed_package_fails_the_gates(built_repo, tmp_path):
+    settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
+    package = load_package(built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2")
+    from transformers import Sam3Model
+
+    model = Sam3Model.from_pretrained(built_repo / "artifacts" / "tiny" / "weights" / "checkpoint").eval()
+    eager = Sam3Grounding(model).eval()
+    transforms = ImageTransforms(model.config.vision_config.backbone_config.image_size)
+    cases = load_cases()[:2]
+    cache = verify.ReferenceCache(tmp_path / "reference", {"test": 1})
+    honest = verify.run_checks(settings, package, package, eager, transforms, cases, cache)
+    assert all(r.ok for r in honest)
+    assert cache.hits == 0
+    rows = verify.run_checks(settings, Perturbed(package), package, eager, transforms, cases, cache)
+    assert cache.hits == len(verify.sweep_shapes(settings.stage("verify"))) + len(cases)  # eager ran once
+    failed = {r.metric for r in rows if not r.ok and r.backend == "aoti"}
+    assert {"pred_boxes max|diff|", "top-5 matched box max|diff|", "pred_masks max|diff|"} <= failed
+    assert all(r.ok for r in rows if r.backend == "exported")
+
+
+def test_mask_iou_and_matched_boxes():
+    a = torch.zeros(1, 2, 4, 4)
+    a[0, 0, :2] = 1
+    b = a.clone()
+    b[0, 0, :1] = -1  # half the mask gone
+    assert mask_iou(a, b).tolist() == [[0.5, 1.0]]  # empty vs empty counts as agreement
+    logits = torch.tensor([[[3.0], [1.0]]])
+    boxes = torch.rand(1, 2, 4)
+    presence = torch.zeros(1, 1)
+    moved = boxes.clone()
+    moved[0, 1] += 0.5  # the other query moves a lot; the top one only a little
+    moved[0, 0] += 0.01
+    metrics = compare((logits, moved, a, presence), (logits, boxes, a, presence), k=1)
+    assert metrics["matched_box_abs"] == pytest.approx(0.01, abs=1e-6)
+    assert metrics["pred_boxes"]["max_abs"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_cases_from_a_folder_of_images(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "tiles").mkdir()
+    for name in ("b.png", "a.jpg"):
+        Image.new("RGB", (40, 30), (10, 200, 30)).save(tmp_path / "tiles" / name)
+    (tmp_path / "notes.txt").write_text("not an image")
+    cases_file = tmp_path / "cases.toml"
+    cases_file.write_text('[[case]]\nimage = "skimage:coffee"\nprompts = ["a cup"]\n\n'
+                          '[[folder]]\npath = "tiles"\nprompts = ["a field", "a road"]\n')
+    cases = load_cases(cases_file)
+    assert [c.name for c in cases] == ["coffee", "a", "b"]
+    assert cases[1].prompts == ("a field", "a road") and cases[1].load_image().shape == (30, 40, 3)
+    cases_file.write_text('[[folder]]\npath = "missing"\nprompts = ["x"]\n')
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_cases(cases_file)
+
+
+def test_default_cases_are_real_photographs_with_prompts():
+    cases = load_cases()
+    assert len(cases) >= 6 and all(c.prompts for c in cases)
+    for case in cases:
+        image = case.load_image()
+        assert image.ndim == 3 and image.shape[2] == 3 and min(image.shape[:2]) >= 256
+        assert image.std() > 20  # a photograph, not a flat fill
+    assert dataclasses.is_dataclass(cases[0])
