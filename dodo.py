@@ -4,6 +4,7 @@ Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 we
 """
 
 import os
+import shutil
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
 from sam3_aoti.cases import DEFAULT_CASES
@@ -21,7 +22,8 @@ PATHS.root.mkdir(parents=True, exist_ok=True)
 def task_toolchain():
     return stage_task("toolchain", "CUDA toolkit for AOTInductor (pip wheels if needed) and a doctor with a probe",
                       ["probe"], [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
-                      machine={k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "PATH")})
+                      machine={"CUDA_HOME": os.environ.get("CUDA_HOME"), "CXX": os.environ.get("CXX"),
+                               "nvcc": shutil.which("nvcc")})
 
 
 def task_weights():

@@ -105,8 +105,8 @@ class SummaryReporter(ConsoleReporter):
 
     def complete_run(self):
         super().complete_run()
-        shown = [("package", PATHS.package), ("report", PATHS.verify_report_md), ("pictures", PATHS.verify_report_html),
-                 ("bench", PATHS.bench_md)]
+        shown = [("package", PATHS.package), ("report", PATHS.verify_report_md), ("html", PATHS.verify_report_html),
+                 ("pictures", PATHS.render_dir), ("bench", PATHS.bench_md)]
         lines = [f"  {label:9} {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
                  for label, path in shown if path.exists()]
         if lines and not self.failures:

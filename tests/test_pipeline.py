@@ -55,7 +55,7 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(built_repo):
     try:
         proc = run_doit(built_repo, "device=cpu", check=False)
         assert proc.returncode != 0
-        assert "verify: " in proc.stdout + proc.stderr and "checks failed" in proc.stdout + proc.stderr
+        assert "failed: " in proc.stderr and "checks failed, worst: aoti" in proc.stderr
         assert "Traceback" not in proc.stdout + proc.stderr
         manifest = json.loads((built_repo / "artifacts" / "tiny" / "manifest.json").read_text())
         assert manifest["stages"]["verify"]["verified"] is False

@@ -133,22 +133,25 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
     return rows
 
 
+def margin(r: Check) -> float:
+    """How far a value is inside its limit, relative to the limit (negative: outside)."""
+    if not isinstance(r.value, float):
+        return 0.0 if r.ok else -1.0
+    limit = float(r.limit.split()[-1])
+    inside = limit - r.value if r.limit.startswith("<=") else r.value - limit
+    return inside / max(abs(limit), 1e-12)
+
+
 def summarize(rows: list[Check]) -> list[str]:
-    """One line per (backend, metric): the first failure if any, else the case closest to its limit."""
+    """One line per (backend, metric): the case closest to (or furthest beyond) its limit."""
     groups: dict[tuple, list[Check]] = {}
     for r in rows:
         groups.setdefault((r.backend, r.metric), []).append(r)
 
-    def margin(r: Check) -> float:
-        if not isinstance(r.value, float):
-            return 0.0
-        limit = float(r.limit.split()[-1])
-        return limit - r.value if r.limit.startswith("<=") else r.value - limit
-
     lines = []
     for (backend, metric), group in groups.items():
         failed = [r for r in group if not r.ok]
-        worst = failed[0] if failed else min(group, key=margin)
+        worst = min(group, key=margin)
         value = f"{worst.value:.3g}" if isinstance(worst.value, float) else worst.value
         lines.append(f"{'✗' if failed else '✓'} {backend:8} {metric:30} {value:>10} {worst.limit:10}"
                      f" {len(group) - len(failed)}/{len(group)} ok, worst: {worst.case}")
@@ -253,8 +256,8 @@ def run(settings: Settings) -> None:
     })
     log.info("report: %s (with the pictures: %s)", paths.verify_report_md, paths.verify_report_html)
     if failed:
-        worst = failed[0]
-        raise DriftError(f"{len(failed)}/{len(rows)} checks failed, first: {worst.backend} {worst.case} "
+        worst = min(failed, key=margin)
+        raise DriftError(f"{len(failed)}/{len(rows)} checks failed, worst: {worst.backend} {worst.case} "
                          f"{worst.metric} = {worst.value} (limit {worst.limit}); see {paths.verify_report_md}")
 
 
