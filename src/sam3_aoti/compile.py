@@ -9,7 +9,7 @@ import time
 
 from .artifacts import atomic_output, human_size, record, sha256
 from .config import Settings
-from .errors import CompileError
+from .errors import CompileError, first_line
 from .paths import ProfilePaths
 
 log = logging.getLogger("sam3_aoti")
@@ -116,8 +116,7 @@ def run(settings: Settings) -> None:
         try:
             aoti_files[name] = aoti_compile(program, inductor)
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise CompileError(f"AOTInductor failed on {name}: {type(e).__name__}: {first} "
+            raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
                                "(run `uv run doit toolchain` to check the compiler setup)") from None
         seconds[name] = round(time.perf_counter() - t0, 1)
         log.info("compiled %s in %.1f s", name, seconds[name])

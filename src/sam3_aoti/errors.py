@@ -5,6 +5,12 @@ class Sam3AotiError(Exception):
     """Base: the message says what is wrong and how to fix it."""
 
 
+def first_line(e: BaseException) -> str:
+    """`Type: first line of the message`: what a one-line error quotes of a library's exception."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 class ConfigError(Sam3AotiError):
     pass
 

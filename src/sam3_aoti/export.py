@@ -11,15 +11,10 @@ import time
 
 from .artifacts import atomic_output, human_size, record
 from .config import Settings
-from .errors import ExportError
+from .errors import ExportError, first_line
 from .paths import ProfilePaths
 
 log = logging.getLogger("sam3_aoti")
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def export_model(wrapper, example_args, batch_name="batch", prompts_name="num_prompts"):
@@ -49,7 +44,7 @@ def check_against_eager(name: str, program, eager, args, atol: float) -> float:
             got = program.module()(*args)
         except Exception as e:
             shapes = [tuple(a.shape) for a in args]
-            raise ExportError(f"exported {name} fails at input shapes {shapes}: {_first_line(e)}") from None
+            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from None
         want = eager(*args)
     got, want = (got,) if torch.is_tensor(got) else got, (want,) if torch.is_tensor(want) else want
     worst = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
@@ -78,7 +73,7 @@ def run(settings: Settings) -> None:
     try:
         model_ep = export_model(wrapper, example)
     except Exception as e:
-        raise ExportError(f"torch.export of the SAM3 wrapper failed: {_first_line(e)}") from None
+        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from None
     export_s = time.perf_counter() - t0
     log.info("model exported in %.1f s", export_s)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
@@ -91,7 +86,7 @@ def run(settings: Settings) -> None:
     try:
         transforms_ep = export_transforms(transforms, example_image)
     except Exception as e:
-        raise ExportError(f"torch.export of the image transforms failed: {_first_line(e)}") from None
+        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from None
     check_image = torch.rand(1, 3, 97, 150, device=device) * 255
     check_against_eager("transforms", transforms_ep, transforms, (check_image,), 1e-5)
 

@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from .errors import PackageError, first_line
+
 METADATA_FILE = "metadata.json"
 VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
 MODEL_NAMES = ("model", "transforms")
@@ -94,8 +96,6 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
     import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages)
     from torch.export.pt2_archive._package import load_pt2
 
-    from .errors import PackageError
-
     path = Path(path)
     if not path.is_file():
         raise PackageError(f"no package at {path}: build it with `uv run doit compile`")
@@ -106,7 +106,7 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
             contents = load_pt2(str(path))
             aoti, exported, extra = contents.aoti_runners, contents.exported_programs, contents.extra_files
         except Exception as e:  # a package built for another device/ABI: use the exported programs
-            fallback_reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            fallback_reason = first_line(e)
             log.warning("AOTI models of %s did not load (%s); using exported programs", path.name, fallback_reason)
     if not aoti:
         exported, extra = _read_exported_programs(path)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from .config import Settings, load_settings
-from .errors import Sam3AotiError
+from .errors import Sam3AotiError, first_line
 from .paths import ProfilePaths
 
 log = logging.getLogger("sam3_aoti")
@@ -48,8 +48,7 @@ def stage_logging(settings: Settings, stage: str):
         raise
     except Exception as e:  # a bug or an unforeseen library error: the traceback goes to the log only
         log.debug("traceback", exc_info=True)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        message = f"unexpected {type(e).__name__}: {first} (traceback in {path})"
+        message = f"unexpected {first_line(e)} (traceback in {path})"
         log.error("failed: %s", message)
         raise Sam3AotiError(message) from None
     finally:
