@@ -12,7 +12,8 @@ def test_tiny_pipeline_on_cuda(tmp_path):
     repo = copy_repo(tmp_path)
     run_doit(repo, "device=cuda")
     doctor = json.loads((repo / "artifacts" / "toolchain" / "doctor.json").read_text())
-    assert doctor["verdict"].startswith("ok") and doctor["toolkit"]["version"] == doctor["torch_cuda"][:4]
+    assert doctor["verdict"].startswith("ok")
+    assert doctor["toolkit"]["version"] == ".".join(doctor["torch_cuda"].split(".")[:2])
     art = repo / "artifacts" / "tiny"
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     from sam3_aoti.package import load_package
