@@ -209,7 +209,8 @@ def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], in
     ]
     for r in rows:
         value = f"{r.value:.3g}" if isinstance(r.value, float) else r.value
-        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {r.metric} | {value} | {r.limit} |")
+        metric = r.metric.replace("|", "\\|")  # a bare | would split the markdown cell
+        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {metric} | {value} | {r.limit} |")
     write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
 
 
