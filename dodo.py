@@ -5,6 +5,7 @@ Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 we
 
 import os
 import shutil
+from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
 from sam3_aoti.cases import DEFAULT_CASES
@@ -27,7 +28,9 @@ def task_toolchain():
 
 
 def task_weights():
-    user = [] if SETTINGS.weights == "random" else [SETTINGS.weights]
+    source = Path(SETTINGS.weights)
+    user = ([] if SETTINGS.weights == "random" else
+            sorted(source.glob("*.json")) + sorted(source.glob("*.safetensors")) if source.is_dir() else [source])
     return stage_task("weights", "Write the profile's checkpoint (seeded random init or converted weights)",
                       ["model"], user, PATHS.checkpoint_files, weights=SETTINGS.weights)
 

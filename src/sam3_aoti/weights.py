@@ -50,7 +50,7 @@ def run(settings: Settings) -> None:
     model = build_model(settings)
     n_params = sum(p.numel() for p in model.parameters())
     with atomic_output(paths.checkpoint) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, max_shard_size="1000GB")  # one model.safetensors: the file later stages name
     log.info("%s parameters -> %s", f"{n_params:,}", paths.checkpoint)
     record(paths.manifest, "weights", [paths.checkpoint], {
         "source": settings.weights, "random_init": settings.weights == "random",
