@@ -34,26 +34,24 @@ class Check:
         return f"{'✓' if self.ok else '✗'} {self.backend:8} {self.case:22} {self.metric:28} {value:>12}  {self.limit}"
 
 
+# score-level checks: (row label, metric key, tolerance key, "<=" or ">=")
+SCORE_GATES = [
+    ("top-1 score |diff|", "top1_score_abs", "top1_score_abs", "<="),
+    ("top-5 index overlap", "top5_overlap", "top5_overlap_min", ">="),
+    ("top-5 matched box max|diff|", "matched_box_abs", "box_abs", "<="),
+    ("top-5 mask IoU (min)", "topk_mask_iou_min", "mask_iou_min", ">="),
+]
+
+
 def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
     """One row per output (max |diff|, pearson r) and per score-level metric."""
     from .model import OUTPUT_NAMES
 
-    rows = []
-    for name in OUTPUT_NAMES:
-        m = metrics[name]
-        rows.append(Check(backend, case, f"{name} max|diff|", m["max_abs"], f"<= {tol['max_abs']}",
-                          m["max_abs"] <= tol["max_abs"]))
-        rows.append(Check(backend, case, f"{name} pearson r", m["pearson"], f">= {tol['pearson_min']}",
-                          m["pearson"] >= tol["pearson_min"]))
-    rows.append(Check(backend, case, "top-1 score |diff|", metrics["top1_score_abs"], f"<= {tol['top1_score_abs']}",
-                      metrics["top1_score_abs"] <= tol["top1_score_abs"]))
-    rows.append(Check(backend, case, "top-5 index overlap", metrics["top5_overlap"], f">= {tol['top5_overlap_min']}",
-                      metrics["top5_overlap"] >= tol["top5_overlap_min"]))
-    rows.append(Check(backend, case, "top-5 matched box max|diff|", metrics["matched_box_abs"],
-                      f"<= {tol['box_abs']}", metrics["matched_box_abs"] <= tol["box_abs"]))
-    rows.append(Check(backend, case, "top-5 mask IoU (min)", metrics["topk_mask_iou_min"],
-                      f">= {tol['mask_iou_min']}", metrics["topk_mask_iou_min"] >= tol["mask_iou_min"]))
-    return rows
+    checks = [(f"{name} max|diff|", metrics[name]["max_abs"], tol["max_abs"], "<=") for name in OUTPUT_NAMES]
+    checks += [(f"{name} pearson r", metrics[name]["pearson"], tol["pearson_min"], ">=") for name in OUTPUT_NAMES]
+    checks += [(label, metrics[key], tol[limit], op) for label, key, limit, op in SCORE_GATES]
+    return [Check(backend, case, label, value, f"{op} {limit}", value <= limit if op == "<=" else value >= limit)
+            for label, value, limit, op in checks]
 
 
 def expected_shapes(config, n: int) -> list[tuple]:
