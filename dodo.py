@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
-from sam3_aoti.cases import DEFAULT_CASES
+from sam3_aoti.config import DEFAULT_CASES
 from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
 DOIT_CONFIG = {

@@ -44,15 +44,14 @@ def time_calls(fn, args, device: str, warmup: int, iters: int) -> list[float]:
 def run(settings: Settings) -> None:
     import torch
 
-    from .model import DTYPES, Sam3Grounding, example_inputs
+    from .model import eager_reference, example_inputs
     from .package import load_package
-    from .weights import load_model
 
     paths, opts = ProfilePaths.of(settings), settings.stage("bench")
     t0 = time.perf_counter()
     package = load_package(paths.package)
     load_s = time.perf_counter() - t0
-    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
+    eager, _ = eager_reference(settings)
     backends = {"eager": eager, "exported": package.exported_only().model, "aoti": package.model}
     rows = []
     for b, p in opts["shapes"]:

@@ -8,11 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import REPO_ROOT
+from .config import DEFAULT_CASES
 from .errors import ConfigError
-
-DEFAULT_CASES = REPO_ROOT / "cases.toml"
-
 
 @dataclass(frozen=True)
 class Case:

@@ -51,8 +51,8 @@ def platform_info(device: str) -> dict:
 def build_metadata(settings: Settings, exported_model, paths: ProfilePaths, inductor: dict) -> dict:
     import transformers
 
-    from .model import CONTEXT_LENGTH, IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
-    from .tokenizer import END, PAD, START
+    from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
+    from .tokenizer import CONTEXT_LENGTH, END, PAD, START
 
     images, token_ids = exported_model.example_inputs[0]
     outputs = exported_model.module()(images, token_ids)

@@ -12,6 +12,7 @@ from .errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "pipeline.toml"
+DEFAULT_CASES = REPO_ROOT / "cases.toml"
 PROFILES = ("tiny", "sam3")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")

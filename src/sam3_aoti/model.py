@@ -15,7 +15,8 @@ from transformers import Sam3Config, Sam3Model
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3VisionEncoderOutput
 
-CONTEXT_LENGTH = 32  # SAM3's text context, in tokens
+from .tokenizer import CONTEXT_LENGTH, END, START
+
 IMAGE_MEAN = 0.5  # after scaling to [0, 1]
 IMAGE_STD = 0.5
 
@@ -140,6 +141,16 @@ class ImageTransforms(nn.Module):
         return (x - IMAGE_MEAN) / IMAGE_STD
 
 
+
+def eager_reference(settings):
+    """The eager wrapper and image transforms from the profile's checkpoint: what verify, render and bench
+    compare the package against."""
+    from .weights import load_model
+
+    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
+    return eager, ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
+
+
 OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -152,8 +163,8 @@ def example_inputs(config: Sam3Config, batch: int, prompts: int, seed: int = 0, 
     ids = torch.zeros(prompts, CONTEXT_LENGTH, dtype=torch.long)
     for p in range(prompts):
         n = 1 + p % 5
-        ids[p, 0] = 49406
-        ids[p, 1 : 1 + n] = torch.randint(1, 49406, (n,), generator=g)
-        ids[p, 1 + n] = 49407
+        ids[p, 0] = START
+        ids[p, 1 : 1 + n] = torch.randint(1, START, (n,), generator=g)
+        ids[p, 1 + n] = END
     return images.to(device), ids.to(device)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .artifacts import atomic_output, record, write_text_atomic
+from .artifacts import atomic_output, record
 from .config import Settings
 from .paths import ProfilePaths
 
@@ -61,16 +61,14 @@ def run(settings: Settings) -> None:
     import torch
 
     from .cases import load_cases
-    from .model import DTYPES, ImageTransforms, Sam3Grounding
+    from .model import eager_reference
     from .package import load_package
     from .metrics import scores
     from .postprocess import instances, overlay, to_tensor
-    from .weights import load_model
 
     paths, opts = ProfilePaths.of(settings), settings.stage("render")
     package = load_package(paths.package)
-    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
-    transforms = ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
+    eager, transforms = eager_reference(settings)
     threshold, top_k = opts["score_threshold"], opts["max_instances"]
     random_note = " (random weights)" if settings.weights == "random" else ""
     lines = [f"# Render: {settings.profile}{random_note}", "",

@@ -225,9 +225,8 @@ def reference_identity(settings: Settings, paths: ProfilePaths) -> dict:
 
 def run(settings: Settings) -> None:
     from .cases import load_cases
-    from .model import DTYPES, ImageTransforms, Sam3Grounding
+    from .model import eager_reference
     from .package import load_package
-    from .weights import load_model
 
     paths = ProfilePaths.of(settings)
     package = load_package(paths.package)
@@ -235,8 +234,7 @@ def run(settings: Settings) -> None:
         raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                          f"rebuild with `uv run doit compile device={settings.device}`")
     fallback = package.exported_only()
-    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
-    transforms = ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
+    eager, transforms = eager_reference(settings)
     cases = load_cases()
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
