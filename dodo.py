@@ -27,12 +27,21 @@ def task_toolchain():
                                "nvcc": shutil.which("nvcc")})
 
 
+def weights_inputs(weights: str) -> list[Path]:
+    """The user's checkpoint files a rebuild depends on: model files and tokenizer files beside them."""
+    if weights == "random":
+        return []
+    source = Path(weights)
+    folder = source if source.is_dir() else source.parent
+    model = [source / "config.json", *sorted(source.glob("*.safetensors"))] if source.is_dir() else [source]
+    tokenizer = [folder / name for name in ("merges.txt", "tokenizer.json", "vocab.json", "bpe_simple_vocab_16e6.txt.gz")]
+    return model + [f for f in tokenizer if f.is_file()]
+
+
 def task_weights():
-    source = Path(SETTINGS.weights)
-    user = ([] if SETTINGS.weights == "random" else
-            sorted(source.glob("*.json")) + sorted(source.glob("*.safetensors")) if source.is_dir() else [source])
-    return stage_task("weights", "Write the profile's checkpoint (seeded random init or converted weights)",
-                      ["model"], user, PATHS.checkpoint_files, weights=SETTINGS.weights)
+    return stage_task("weights", "Write the profile's checkpoint (seeded random init, HF folder or Meta's sam3.pt)",
+                      ["model", "meta_checkpoint", "tokenizer"], weights_inputs(SETTINGS.weights),
+                      [*PATHS.checkpoint_files, PATHS.tokenizer_merges], weights=SETTINGS.weights)
 
 
 def task_export():
@@ -42,7 +51,7 @@ def task_export():
 
 def task_compile():
     return {**stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
-                         ["package", "tokenizer"], [PATHS.exported_model, PATHS.exported_transforms], [PATHS.package],
+                         ["package"], [PATHS.exported_model, PATHS.exported_transforms, PATHS.tokenizer_merges], [PATHS.package],
                          toolchain=True),
             "task_dep": ["toolchain"]}
 
@@ -64,3 +73,9 @@ def task_render():
 def task_bench():
     return stage_task("bench", "Latency table: eager vs exported program vs AOTI at several (B, P) (not in the default run)",
                       [], [PATHS.package], [PATHS.bench_json, PATHS.bench_md])
+
+
+def task_parity():
+    return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32; needs the sam3 package)",
+                      ["meta_checkpoint", "metrics", "cases", "package", "postprocess"],
+                      [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Download, into .whl/, the wheels scripts/gpu_run.sh installs on a GPU machine without a registry:
-# the versions uv.lock pins for what that machine's image lacks or has in another version.
+# the versions uv.lock pins for what that machine's image lacks or has in another version, plus Meta's own
+# `sam3` and the few of its dependencies the image lacks (for `doit parity`; not a project dependency:
+# it needs torchvision and timm, which the project keeps out of its environment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pinned() { awk -v n="$1" '$0 == "name = \"" n "\"" {getline; gsub(/version = |"/, ""); print; exit}' uv.lock; }
@@ -10,4 +12,9 @@ for name in transformers doit open-clip-torch regex; do
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "$name==$(pinned "$name")"
 done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl sam3==0.1.4 ftfy==6.3.1 wcwidth==0.2.14 pycocotools==2.0.10
+# iopath 0.1.10 (what sam3 asks for) is published as source only: build its pure-Python wheel here.
+python3 -m pip wheel -q --no-deps -w .whl iopath==0.1.10
 ls -la .whl

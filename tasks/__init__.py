@@ -35,6 +35,8 @@ def _settings():
 
 
 SETTINGS = _settings()
+if SETTINGS.notice:
+    print(f"sam3-aoti: {SETTINGS.notice}", file=sys.stderr)
 PATHS = ProfilePaths.of(SETTINGS)
 ENV_FILE = ROOT / "env" / "cuda.env"
 
@@ -45,10 +47,13 @@ def sources(*modules: str) -> list[str]:
 
 
 def stage_command(name: str) -> list[str]:
+    """The stage's process, given the settings as resolved here (a fallback taken once, not re-decided)."""
+    resolved = {"profile": SETTINGS.profile, "device": SETTINGS.device, "precision": SETTINGS.precision,
+                "weights": SETTINGS.weights, "config": get_var("config")}
     args = [sys.executable, "-m", f"sam3_aoti.{name}"]
     for var in VARIABLES:
-        if get_var(var):
-            args += [f"--{var}", get_var(var)]
+        if resolved[var]:
+            args += [f"--{var}", resolved[var]]
     return args
 
 

@@ -104,7 +104,6 @@ def run(settings: Settings) -> None:
     import torch
 
     from .package import load_package, write_package
-    from .tokenizer import read_merges_text
 
     paths = ProfilePaths.of(settings)
     inductor = dict(settings.stage("compile").get("inductor", {}))
@@ -123,7 +122,7 @@ def run(settings: Settings) -> None:
 
     metadata = build_metadata(settings, exported["model"], paths, inductor)
     with atomic_output(paths.package) as tmp:
-        write_package(tmp, exported, aoti_files, metadata, read_merges_text())
+        write_package(tmp, exported, aoti_files, metadata, paths.tokenizer_merges.read_text())
         package = load_package(tmp)  # a package that does not load is not a package
         if set(package.backends.values()) != {"aoti"}:
             raise CompileError(f"the fresh package's AOTI models do not load ({package.fallback_reason})")

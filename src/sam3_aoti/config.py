@@ -16,6 +16,7 @@ DEFAULT_CASES = REPO_ROOT / "cases.toml"
 PROFILES = ("tiny", "sam3")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
+HUB_MODEL = "facebook/sam3"
 
 
 def gpu_present() -> bool:
@@ -39,6 +40,7 @@ class Settings:
     config_path: Path
     artifacts_root: Path
     tables: dict = field(repr=False, compare=False)
+    notice: str | None = field(default=None, compare=False)  # a one-line remark for the user (a fallback taken)
 
     def stage(self, name: str) -> dict:
         """The stage's own table from pipeline.toml (empty if absent)."""
@@ -61,6 +63,20 @@ class Settings:
         }
 
 
+def cached_hub_checkpoint(repo_id: str = HUB_MODEL) -> Path | None:
+    """The snapshot folder of `repo_id` in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME rules),
+    if it holds config.json and model.safetensors. Never touches the network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    cache_dir = os.environ.get("HF_HUB_CACHE")  # read now: huggingface_hub reads it once, at import
+    found = [try_to_load_from_cache(repo_id, name, cache_dir=cache_dir) for name in ("config.json", "model.safetensors")]
+    if all(isinstance(f, str) for f in found):
+        return Path(found[0]).parent
+    return None
+
+
 def load_settings(
     profile: str | None = None,
     device: str | None = None,
@@ -80,6 +96,13 @@ def load_settings(
     profile = profile or "tiny"
     if profile not in PROFILES or profile not in tables.get("profiles", {}):
         raise ConfigError(f"unknown profile={profile!r}: use one of {', '.join(PROFILES)}")
+    notice = None
+    if profile == "sam3" and not weights:
+        weights = str(cached_hub_checkpoint() or "")
+        if not weights:
+            profile = "tiny"
+            notice = (f"no SAM3 weights given and {HUB_MODEL} is not in the Hugging Face cache: building profile=tiny; "
+                      "pass weights=PATH (HF folder or Meta's sam3.pt) or weights=random for the full model")
     device = device or ("cuda" if gpu_present() else "cpu")
     if device not in DEVICES:
         raise ConfigError(f"unknown device={device!r}: use cpu or cuda")
@@ -96,4 +119,4 @@ def load_settings(
     if weights != "random" and not Path(weights).exists():
         raise ConfigError(f"weights={weights} does not exist: pass weights=random or a checkpoint path")
     root = Path(artifacts) if artifacts else REPO_ROOT / "artifacts"
-    return Settings(profile, device, precision, weights, config_path, root, tables)
+    return Settings(profile, device, precision, weights, config_path, root, tables, notice)

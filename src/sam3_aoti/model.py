@@ -65,6 +65,14 @@ def tiny_config() -> Sam3Config:
     return Sam3Config(**TINY_CONFIG)
 
 
+def full_config() -> Sam3Config:
+    """SAM3 as Meta builds it. transformers' default ViT LayerNorm eps is 1e-6; Meta's ViT uses
+    nn.LayerNorm(eps=1e-5), and with it the vision features match Meta's to fp32 noise (2e-6 vs 3e-3)."""
+    config = Sam3Config()
+    config.vision_config.backbone_config.layer_norm_eps = 1e-5
+    return config
+
+
 def random_model(config: Sam3Config, seed: int) -> Sam3Model:
     """A seeded random-init model: the same seed gives the same weights on any machine."""
     torch.manual_seed(seed)

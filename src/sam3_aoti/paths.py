@@ -24,6 +24,11 @@ class ProfilePaths:
         return [self.checkpoint / "config.json", self.checkpoint / "model.safetensors"]
 
     @property
+    def tokenizer_merges(self) -> Path:
+        """CLIP BPE merges for the archive: the checkpoint's own, or the bundled ones."""
+        return self.root / "weights" / "tokenizer_merges.txt"
+
+    @property
     def exported_model(self) -> Path:
         return self.root / "export" / "model.pt2"
 
@@ -55,6 +60,19 @@ class ProfilePaths:
     def render_index(self) -> Path:
         return self.render_dir / "index.md"
 
+
+    @property
+    def meta_checkpoint(self) -> Path:
+        """The profile's weights in Meta's format, written by `parity` for Meta's own loader."""
+        return self.root / "parity" / "sam3.pt"
+
+    @property
+    def parity_json(self) -> Path:
+        return self.root / "parity" / "parity.json"
+
+    @property
+    def parity_md(self) -> Path:
+        return self.root / "parity" / "parity.md"
 
     @property
     def bench_json(self) -> Path:

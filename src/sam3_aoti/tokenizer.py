@@ -3,6 +3,8 @@
 Ids equal SAM3's own: `<|startoftext|>` 49406, words, `<|endoftext|>` 49407, then 0 padding. The merges
 come from the checkpoint's tokenizer files when given, else from the CLIP vocabulary that the
 open-clip-torch wheel ships (`bpe_simple_vocab_16e6.txt.gz`); the file is read, the package never imported.
+Needs only the standard library (and torch for `encode_prompts`): with the `regex` module the word
+splitter is CLIP's own pattern, without it an `re` equivalent that differs only on rare numerals (e.g. "½").
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 import functools
 import gzip
 import html
+import json
+import re
 from importlib import metadata
 from pathlib import Path
-
-import regex
 
 from .errors import ConfigError
 
@@ -21,10 +23,15 @@ START, END, PAD = 49406, 49407, 0
 CONTEXT_LENGTH = 32
 VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
 _NUM_MERGES = 49152 - 256 - 2
-_PATTERN = regex.compile(
-    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
-    regex.IGNORECASE,
-)
+_SPECIAL = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|"
+# Without `regex` (a torch-only consumer): letters = word characters minus digits and "_".
+STDLIB_PATTERN = re.compile(_SPECIAL + r"[^\W\d_]+|\d|(?:[^\s\w]|_)+", re.IGNORECASE)
+try:
+    import regex
+
+    _PATTERN = regex.compile(_SPECIAL + r"[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+", regex.IGNORECASE)
+except ImportError:
+    _PATTERN = STDLIB_PATTERN
 
 
 def bundled_vocab_path() -> Path:
@@ -45,6 +52,32 @@ def read_merges_text(path: Path | None = None) -> str:
     return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
 
 
+def checkpoint_merges(folder: Path) -> tuple[str, Path] | None:
+    """The merges shipped with a checkpoint: HF's `merges.txt` or `tokenizer.json`, or Meta's BPE file.
+    Checked against the checkpoint's `vocab.json` when there is one. None when the folder has none."""
+    if (folder / "merges.txt").is_file():
+        text, source = read_merges_text(folder / "merges.txt"), folder / "merges.txt"
+    elif (folder / "tokenizer.json").is_file():
+        source = folder / "tokenizer.json"
+        try:
+            merges = json.loads(source.read_text())["model"]["merges"]
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{source} is not a BPE tokenizer.json (no model.merges): remove it or fix it") from None
+        lines = [m if isinstance(m, str) else " ".join(m) for m in merges]
+        text = "#version: 0.2\n" + "\n".join(lines) + "\n"
+    elif (folder / VOCAB_FILE).is_file():
+        text, source = read_merges_text(folder / VOCAB_FILE), folder / VOCAB_FILE
+    else:
+        return None
+    tokenizer = ClipTokenizer(text, source=source)
+    if (folder / "vocab.json").is_file():
+        vocab = json.loads((folder / "vocab.json").read_text())
+        if vocab != tokenizer.encoder:
+            raise ConfigError(f"{folder / 'vocab.json'} does not match the merges in {source.name}: "
+                              "the checkpoint's tokenizer files disagree; copy them again")
+    return text, source
+
+
 @functools.lru_cache(maxsize=1)
 def _bytes_to_unicode() -> dict[int, str]:
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -59,13 +92,14 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 class ClipTokenizer:
-    def __init__(self, merges_text: str):
+    def __init__(self, merges_text: str, source: Path | str = "the BPE merges file"):
         merges = [tuple(line.split()) for line in merges_text.split("\n")[1 : _NUM_MERGES + 1]]
         vocab = list(_bytes_to_unicode().values())
         vocab += [v + "</w>" for v in vocab] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
         self.encoder = {token: i for i, token in enumerate(vocab)}
         if self.encoder.get("<|startoftext|>") != START or self.encoder.get("<|endoftext|>") != END:
-            raise ConfigError("the BPE merges file is not CLIP's 49408-token vocabulary: use bpe_simple_vocab_16e6")
+            raise ConfigError(f"{source} is not CLIP's 49408-token BPE vocabulary (SAM3's): "
+                              "use the checkpoint's own merges.txt or bpe_simple_vocab_16e6.txt.gz")
         self.ranks = {m: i for i, m in enumerate(merges)}
         self._cache: dict[str, str] = {}
 

@@ -1,7 +1,10 @@
 """Stage `weights`: one HF-format checkpoint folder (config.json + model.safetensors) per profile.
 
-Every later stage loads the model from this folder, so the weights' hash is the one input that says
-"same model". Random init is seeded, so it is reproducible across machines.
+Sources: seeded random init, a Hugging Face-format folder, or Meta's original `sam3.pt` (converted with
+the table in `meta_checkpoint`). Every source is loaded strictly: a missing, unexpected or wrongly shaped
+tensor is an error naming it, never a silently re-initialized weight. The tokenizer's merges are written
+beside the weights (the checkpoint's own files when it has them, else CLIP's from the open-clip wheel).
+Every later stage loads this folder, so its hash is the one input that says "same model".
 """
 
 from __future__ import annotations
@@ -9,30 +12,110 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .artifacts import atomic_output, record
+from .artifacts import atomic_output, record, write_text_atomic
 from .config import Settings
-from .errors import WeightsError
+from .errors import ConfigError, WeightsError, first_line
 from .paths import ProfilePaths
 
 log = logging.getLogger("sam3_aoti")
+META_SUFFIXES = (".pt", ".pth")
+
+
+def _listing(keys: list, limit: int = 4) -> str:
+    shown = ", ".join(str(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def key_problems(missing: list, unexpected: list, mismatched: list) -> str | None:
+    """One sentence about keys that do not fit, or None when everything fits."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing ({_listing(sorted(missing))})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected ({_listing(sorted(unexpected))})")
+    if mismatched:
+        parts.append(f"{len(mismatched)} wrongly shaped ({_listing(mismatched)})")
+    return "; ".join(parts) or None
+
+
+def load_hf_folder(folder: Path):
+    """`Sam3Model.from_pretrained`, strict: transformers only warns about missing keys and re-initializes them."""
+    from transformers import Sam3Model
+
+    try:
+        model, info = Sam3Model.from_pretrained(folder, output_loading_info=True, ignore_mismatched_sizes=True)
+    except Exception as e:
+        raise WeightsError(f"cannot load {folder} ({first_line(e)}): the checkpoint is damaged or incomplete; "
+                           "copy it again") from None
+    mismatched = [f"{key} {tuple(old)} vs model {tuple(new)}" for key, old, new in info["mismatched_keys"]]
+    problems = key_problems(info["missing_keys"], info["unexpected_keys"], mismatched)
+    if problems:
+        raise WeightsError(f"{folder} does not fit Sam3Model: {problems}")
+    return model.eval()
+
+
+def load_meta_checkpoint(path: Path, config=None):
+    """Meta's `sam3.pt` -> Sam3Model (Meta's architecture unless a config is given), every tensor accounted for."""
+    import torch
+    from transformers import Sam3Model
+
+    from .meta_checkpoint import meta_state_dict, to_transformers
+    from .model import full_config
+
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise WeightsError(f"cannot read {path} ({first_line(e)}): not a complete PyTorch checkpoint; "
+                           "copy it again") from None
+    state, unknown = to_transformers(meta_state_dict(checkpoint))
+    model = Sam3Model(config or full_config()).eval()
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = unknown + [k for k in state if k not in expected]
+    mismatched = [f"{k} {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+                  for k, v in state.items() if k in expected and v.shape != expected[k].shape]
+    problems = key_problems(missing, unexpected, mismatched)
+    if problems:
+        raise WeightsError(f"{path} does not fit SAM3 as Meta's checkpoint format: {problems}")
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def build_model(settings: Settings):
-    """The eager model the stage writes: seeded random init, or an HF-format checkpoint folder."""
-    from transformers import Sam3Config, Sam3Model
-
-    from .model import random_model, tiny_config
+    """The eager model the stage writes: seeded random init, an HF-format folder, or Meta's sam3.pt."""
+    from .model import full_config, random_model, tiny_config
 
     if settings.weights == "random":
-        config = tiny_config() if settings.architecture == "tiny" else Sam3Config()
+        config = tiny_config() if settings.architecture == "tiny" else full_config()
         seed = settings.stage("weights").get("seed", 0)
         log.info("random init (%s architecture, seed %d)", settings.architecture, seed)
         return random_model(config, seed)
     path = Path(settings.weights)
     if path.is_dir() and (path / "config.json").exists():
         log.info("loading HF-format checkpoint %s", path)
-        return Sam3Model.from_pretrained(path).eval()
-    raise WeightsError(f"weights={path}: expected random or an HF-format folder with config.json and model.safetensors")
+        return load_hf_folder(path)
+    if path.is_file() and path.suffix in META_SUFFIXES:
+        log.info("converting Meta-format checkpoint %s", path)
+        return load_meta_checkpoint(path)
+    raise WeightsError(f"weights={path}: expected random, an HF-format folder (config.json, model.safetensors) "
+                       "or Meta's sam3.pt")
+
+
+def tokenizer_merges(settings: Settings) -> tuple[str, str]:
+    """(merges text, where it came from): the checkpoint's own tokenizer files first."""
+    from .tokenizer import ClipTokenizer, bundled_vocab_path, checkpoint_merges, read_merges_text
+
+    if settings.weights != "random":
+        path = Path(settings.weights)
+        try:
+            found = checkpoint_merges(path if path.is_dir() else path.parent)
+        except ConfigError as e:
+            raise WeightsError(str(e)) from None
+        if found:
+            return found[0], str(found[1])
+    text = read_merges_text()
+    ClipTokenizer(text)
+    return text, f"{bundled_vocab_path().name} (open-clip-torch wheel)"
 
 
 def load_model(settings: Settings):
@@ -47,14 +130,16 @@ def load_model(settings: Settings):
 
 def run(settings: Settings) -> None:
     paths = ProfilePaths.of(settings)
+    merges, merges_source = tokenizer_merges(settings)
     model = build_model(settings)
     n_params = sum(p.numel() for p in model.parameters())
     with atomic_output(paths.checkpoint) as tmp:
         model.save_pretrained(tmp, max_shard_size="1000GB")  # one model.safetensors: the file later stages name
-    log.info("%s parameters -> %s", f"{n_params:,}", paths.checkpoint)
-    record(paths.manifest, "weights", [paths.checkpoint], {
+    write_text_atomic(paths.tokenizer_merges, merges)
+    log.info("%s parameters -> %s; tokenizer merges from %s", f"{n_params:,}", paths.checkpoint, merges_source)
+    record(paths.manifest, "weights", [paths.checkpoint, paths.tokenizer_merges], {
         "source": settings.weights, "random_init": settings.weights == "random",
-        "parameters": n_params, **settings.fingerprint("weights"),
+        "parameters": n_params, "tokenizer": merges_source, **settings.fingerprint("weights"),
     })
 
 

@@ -1,0 +1,97 @@
+"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...`: run a built package on one image.
+
+Tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) * sigmoid(presence),
+threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import PackageError, Sam3AotiError, first_line
+
+
+def read_image(path: Path):
+    """HxWx3 uint8 RGB, or a one-line error."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return np.array(image.convert("RGB"))
+    except FileNotFoundError:
+        raise PackageError(f"no image at {path}: pass --image an existing PNG/JPEG/TIFF file") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise PackageError(f"cannot read {path} as an image ({first_line(e)}): pass a PNG/JPEG/TIFF file") from None
+
+
+def package_device(metadata: dict) -> str:
+    import torch
+
+    device = metadata.get("device", "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PackageError("this package was compiled for cuda but no GPU is usable here: "
+                           "run on a GPU machine or build with device=cpu")
+    return device
+
+
+def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path) -> dict:
+    import torch
+
+    from .package import load_package
+    from .postprocess import instances, overlay, to_tensor
+
+    image = read_image(image_path)
+    package = load_package(package_path)
+    device = package_device(package.metadata)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        pixels = package.transforms(to_tensor(image, device))
+        outputs = package.model(pixels, package.encode_prompts(prompts).to(device))
+    seconds = time.perf_counter() - t0
+    found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
+    title = f"{image_path.name}: {', '.join(prompts)} (score >= {threshold})"
+    result = {
+        "image": str(image_path), "package": str(package_path), "width": image.shape[1], "height": image.shape[0],
+        "prompts": prompts, "threshold": threshold, "backend": package.backends["model"],
+        "seconds": round(seconds, 4), "instances": [inst.as_json() for inst in found],
+    }
+    picture, record = outputs_of(output)
+    picture.parent.mkdir(parents=True, exist_ok=True)
+    overlay(image, found, title).save(picture)
+    record.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def outputs_of(output: Path) -> tuple[Path, Path]:
+    return output.parent / f"{output.name}.png", output.parent / f"{output.name}.json"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="sam3-aoti", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("predict", help="run a package on an image and write an overlay PNG + JSON")
+    run.add_argument("package", type=Path, help="the .pt2 archive (artifacts/<profile>/package/sam3.pt2)")
+    run.add_argument("--image", type=Path, required=True, help="an RGB image file")
+    run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
+    run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+    run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.threshold <= 1.0:
+        parser.error("--threshold must be between 0 and 1")
+    output = args.output or Path(f"{args.image.stem}_sam3")
+    try:
+        result = predict(args.package, args.image, args.prompt, args.threshold, output)
+    except Sam3AotiError as e:
+        sys.exit(f"sam3-aoti: {e}")
+    picture, record = outputs_of(output)
+    print(f"{len(result['instances'])} instance(s) in {result['seconds'] * 1000:.0f} ms ({result['backend']}): "
+          f"{picture}, {record}")
+
+
+if __name__ == "__main__":
+    main()

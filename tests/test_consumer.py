@@ -1,0 +1,118 @@
+"""The archive stands alone: torch is all a service needs; `sam3-aoti predict` runs it on a user's image."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sam3_aoti.package import load_package
+from sam3_aoti.tokenizer import ClipTokenizer, encode_prompts
+
+from conftest import REPO
+
+# Any import of these fails in the consumer's process, as if they were not installed.
+BLOCKER = textwrap.dedent("""
+    import sys
+    BLOCKED = {"transformers", "doit", "sam3_aoti", "regex", "open_clip", "skimage", "huggingface_hub"}
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is not installed here")
+
+    sys.meta_path.insert(0, Blocker())
+""")
+
+CONSUMER = BLOCKER + textwrap.dedent("""
+    import json, zipfile
+    import torch
+    from torch._inductor.package import load_package
+
+    path, inputs_path, out_path = sys.argv[1:]
+    with zipfile.ZipFile(path) as archive:
+        metadata = json.loads(next(archive.read(n) for n in archive.namelist() if n.endswith("/extra/metadata.json")))
+    transforms, model = load_package(path, "transforms"), load_package(path, "model")
+    images, token_ids = torch.load(inputs_path)
+    outputs = model(transforms(images), token_ids)
+    torch.save({"names": list(metadata["models"]["model"]["outputs"]), "outputs": [o for o in outputs],
+                "modules": sorted(m.split(".")[0] for m in sys.modules)}, out_path)
+""")
+
+
+@pytest.fixture(scope="module")
+def package_path(built_repo):
+    return built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2"
+
+
+def clean_env() -> dict:
+    """No PYTHONPATH: this repo's sources are not importable either."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_a_torch_only_consumer_runs_transforms_then_model(package_path, tmp_path):
+    images = torch.rand(2, 3, 90, 120) * 255
+    token_ids = encode_prompts(["a person", "a rocket", "a cup of coffee"])
+    torch.save((images, token_ids), tmp_path / "inputs.pt")
+    (tmp_path / "consumer.py").write_text(CONSUMER)
+    proc = subprocess.run([sys.executable, "consumer.py", str(package_path), "inputs.pt", "out.pt"],
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert not {"transformers", "sam3_aoti", "doit"} & set(result["modules"])
+    assert result["names"] == ["pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec"]
+    package = load_package(package_path)
+    with torch.no_grad():
+        ours = package.model(package.transforms(images), token_ids)
+    for theirs, mine in zip(result["outputs"], ours):
+        assert torch.equal(theirs, mine)
+
+
+def test_encode_prompts_needs_only_the_archive_and_torch(package_path, tmp_path):
+    script = BLOCKER.replace('"sam3_aoti", ', "") + textwrap.dedent("""
+        from sam3_aoti.package import load_package
+        print(load_package(sys.argv[1]).encode_prompts(["a truck", "Solar-panels, 2 roofs!"]).tolist())
+    """)
+    (tmp_path / "encode.py").write_text(script)
+    env = {**clean_env(), "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "encode.py", str(package_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ClipTokenizer.bundled()(["a truck", "Solar-panels, 2 roofs!"])
+
+
+def predict(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "predict", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def test_predict_writes_an_overlay_and_instances(package_path, tmp_path):
+    Image.fromarray((np.random.default_rng(0).random((75, 130, 3)) * 255).astype(np.uint8)).save(tmp_path / "roof.jpg")
+    proc = predict(str(package_path), "--image", "roof.jpg", "--prompt", "a roof", "--prompt", "a car",
+                   "--threshold", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "roof_sam3.json").read_text())
+    queries = load_package(package_path).metadata["models"]["model"]["outputs"]["pred_logits"]["shape"][1]
+    assert len(result["instances"]) == 2 * queries  # threshold 0 keeps every query of both prompts
+    assert {i["prompt"] for i in result["instances"]} == {"a roof", "a car"}
+    scores = [i["score"] for i in result["instances"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    assert Image.open(tmp_path / "roof_sam3.png").size == (130, 75)
+
+    proc = predict(str(package_path), "--image", "roof.jpg", "--prompt", "a roof", "--threshold", "1",
+                   "--output", "out/none", cwd=tmp_path)
+    assert proc.returncode == 0 and json.loads((tmp_path / "out" / "none.json").read_text())["instances"] == []
+
+
+def test_predict_bad_input_is_one_line(package_path, tmp_path):
+    (tmp_path / "notes.txt").write_text("not an image")
+    for args, words in [(["--image", "missing.png"], "no image at"), (["--image", "notes.txt"], "cannot read")]:
+        proc = predict(str(package_path), *args, "--prompt", "a car", cwd=tmp_path)
+        assert proc.returncode != 0 and words in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
