@@ -99,6 +99,23 @@ def detr_side(config: Sam3Config) -> int:
     return vit.image_size // vit.patch_size
 
 
+MASKED_ATTENTION = ("text_encoder", "geometry_encoder", "detr_encoder", "detr_decoder", "mask_decoder")
+
+
+def use_eager_attention_where_masked(model: Sam3Model) -> None:
+    """Plain matmul-softmax attention wherever a mask or bias is added; SDPA only in the ViT (no mask).
+
+    AOTInductor lowers masked SDPA on CUDA to the memory-efficient kernel and can hand it a bias whose last
+    dim is not contiguous: the full-size package failed on the H200 with "(*bias): last dimension must be
+    contiguous" (the pytorch#138317 family). Those attentions are small (32 tokens, 200 queries); the ViT,
+    where the time goes, keeps SDPA. Outputs are unchanged (1e-8 on the tiny model)."""
+    for name in MASKED_ATTENTION:
+        for module in getattr(model, name).modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = "eager"
+
+
 class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
@@ -109,6 +126,7 @@ class Sam3Grounding(nn.Module):
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
         decoder.static_side = detr_side(model.config)
+        use_eager_attention_where_masked(model)
         self.model = model
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
