@@ -141,16 +141,35 @@ class Sam3Grounding(nn.Module):
             fpn_hidden_states=tuple(f.repeat_interleave(prompts, dim=0) for f in vision.fpn_hidden_states),
             fpn_position_encoding=tuple(p.repeat_interleave(prompts, dim=0) for p in vision.fpn_position_encoding),
         )
-        per_pair_text = BaseModelOutputWithPooling(pooler_output=text.pooler_output.repeat(batch, 1, 1))
+        geometry = self.empty_geometry_prompt(vision).repeat_interleave(prompts, dim=0)
+        prompt = torch.cat([text.pooler_output.repeat(batch, 1, 1), geometry], dim=1)
+        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)], dim=1)
         out = self.model(
             vision_embeds=per_pair_vision,
-            text_embeds=per_pair_text,
-            attention_mask=attention_mask.repeat(batch, 1),
+            text_embeds=BaseModelOutputWithPooling(pooler_output=prompt),
+            attention_mask=prompt_mask,
         )
         x1, y1, x2, y2 = out.pred_boxes.unbind(-1)
         boxes_cxcywh = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dim=-1)
         outputs = (out.pred_logits.unsqueeze(-1), boxes_cxcywh, out.pred_masks, out.presence_logits)
         return tuple(o.float() for o in outputs)
+
+
+    def empty_geometry_prompt(self, vision) -> torch.Tensor:
+        """The geometry encoder's output for no boxes, `[B, 1, C]`: its CLS token after attending to the image.
+
+        Meta's SAM3 always appends this token to the text prompt (text-only grounding encodes an empty
+        geometric prompt); transformers' Sam3Model skips the geometry encoder when no boxes are given,
+        which moves every head's output (logits by ~1e-2 on random weights). This is the encoder's own
+        no-box path (the box pooling, which needs torchvision, has nothing to pool)."""
+        encoder = self.model.geometry_encoder
+        feats, pos = vision.fpn_hidden_states[-2], vision.fpn_position_encoding[-2]  # the level it attends to
+        cls = encoder.cls_embed.weight.view(1, 1, -1).expand(feats.shape[0], 1, -1)
+        prompt = encoder.prompt_layer_norm(encoder.final_proj(cls))
+        feats, pos = feats.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2)
+        for layer in encoder.layers:
+            prompt = layer(prompt_feats=prompt, vision_feats=feats, vision_pos_encoding=pos, prompt_mask=None)
+        return encoder.output_layer_norm(prompt)
 
 
 class ImageTransforms(nn.Module):

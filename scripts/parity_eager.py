@@ -1,0 +1,50 @@
+"""Our eager wrapper (what export traces) against Meta's own SAM3 on the cases, without building a package.
+
+A quick look at the conversion and the wrapper before spending a compile: the same code as `doit parity`
+(weights written in Meta's format and loaded by Meta's builder, same pixels and prompts, TF32 off), with
+`Sam3Grounding` in place of the AOTI package. Needs a GPU and Meta's `sam3` (scripts/fetch_gpu_wheels.sh).
+Usage: python scripts/parity_eager.py [doit-style variables: profile=sam3 weights=random ...]
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+from sam3_aoti.cases import load_cases
+from sam3_aoti.config import load_settings
+from sam3_aoti.metrics import compare, scores
+from sam3_aoti.model import ImageTransforms, Sam3Grounding
+from sam3_aoti.parity import meta_model, meta_outputs, write_meta_checkpoint
+from sam3_aoti.postprocess import to_tensor
+from sam3_aoti.tokenizer import encode_prompts
+from sam3_aoti.weights import load_model
+
+
+def main() -> None:
+    variables = dict(arg.split("=", 1) for arg in sys.argv[1:])
+    settings = load_settings(variables.get("profile", "sam3"), "cuda", "fp32", variables.get("weights", "random"))
+    t0 = time.perf_counter()
+    write_meta_checkpoint(settings)
+    meta = meta_model(settings)
+    ours = Sam3Grounding(load_model(settings).cuda()).eval()
+    transforms = ImageTransforms(ours.model.config.vision_config.backbone_config.image_size)
+    rows = []
+    with torch.inference_mode():
+        for case in load_cases():
+            pixels = transforms(to_tensor(case.load_image(), "cuda"))
+            mine = ours(pixels, encode_prompts(list(case.prompts)).cuda())
+            theirs = meta_outputs(meta, pixels, case.prompts, "cuda")
+            row = {"case": case.name, **compare(mine, theirs),
+                   "score_abs": float((scores(mine) - scores(theirs)).abs().max()),
+                   "top1_same": bool((scores(mine).argmax(-1) == scores(theirs).argmax(-1)).all())}
+            rows.append(row)
+            print(f"{case.name}: top-1 same {row['top1_same']}, score |diff| {row['score_abs']:.2e}, "
+                  f"logits |diff| {row['pred_logits']['max_abs']:.2e}, box |diff| {row['matched_box_abs']:.2e}, "
+                  f"mask IoU {row['topk_mask_iou_min']:.4f}", flush=True)
+    print(json.dumps({"seconds": round(time.perf_counter() - t0, 1), "cases": rows}))
+
+
+if __name__ == "__main__":
+    main()
