@@ -40,7 +40,7 @@ CONSUMER = BLOCKER + textwrap.dedent("""
     transforms, model = load_package(path, "transforms"), load_package(path, "model")
     images, token_ids = torch.load(inputs_path)
     outputs = model(transforms(images), token_ids)
-    torch.save({"names": list(metadata["models"]["model"]["outputs"]), "outputs": [o for o in outputs],
+    torch.save({"names": metadata["models"]["model"]["output_order"], "outputs": [o for o in outputs],
                 "modules": sorted(m.split(".")[0] for m in sys.modules)}, out_path)
 """)
 

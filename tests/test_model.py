@@ -15,16 +15,53 @@ def wrapper(tiny_model):
 def test_pair_i_is_image_i_div_p_with_prompt_i_mod_p(wrapper, tiny_model):
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=5)
     with torch.no_grad():
-        logits, boxes, masks, presence = wrapper(images, token_ids)
+        batched = wrapper(images, token_ids)
         for i in range(6):
             b, p = divmod(i, 3)
-            ids = token_ids[p : p + 1]
-            ref = tiny_model(pixel_values=images[b : b + 1], input_ids=ids, attention_mask=(ids != 0).long())
-            torch.testing.assert_close(logits[i, :, 0], ref.pred_logits[0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(masks[i], ref.pred_masks[0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(presence[i], ref.presence_logits[0], atol=1e-5, rtol=1e-5)
-            x1, y1, x2, y2 = ref.pred_boxes[0].unbind(-1)
-            torch.testing.assert_close(boxes[i], torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1))
+            single = wrapper(images[b : b + 1], token_ids[p : p + 1])
+            for got, want in zip(batched, single):
+                torch.testing.assert_close(got[i], want[0], atol=1e-5, rtol=1e-5)
+
+
+def test_boxes_are_transformers_xyxy_as_cxcywh(wrapper, tiny_model):
+    images, token_ids = example_inputs(tiny_model.config, 1, 1, seed=3)
+    captured = {}
+    hook = tiny_model.register_forward_hook(lambda m, i, out: captured.update(boxes=out.pred_boxes))
+    with torch.no_grad():
+        boxes = wrapper(images, token_ids)[1]
+    hook.remove()
+    x1, y1, x2, y2 = captured["boxes"][0].unbind(-1)
+    torch.testing.assert_close(boxes[0], torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1))
+
+
+def test_text_prompts_carry_the_empty_geometric_prompt_as_metas_sam3_does(wrapper, tiny_model):
+    """transformers' text-only forward skips the geometry encoder; Meta's appends its CLS token (and the
+    H200 parity run matches Meta only with it). Changing that token must change the outputs."""
+    images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=5)
+    ids = token_ids[:1]
+    with torch.no_grad():
+        ours = wrapper(images, ids)[0][0, :, 0]
+        text_only = tiny_model(pixel_values=images, input_ids=ids, attention_mask=(ids != 0).long()).pred_logits[0]
+        assert not torch.allclose(ours, text_only, atol=1e-4)
+        cls = tiny_model.geometry_encoder.cls_embed.weight
+        saved = cls.clone()
+        cls.add_(1.0)
+        changed = wrapper(images, ids)[0][0, :, 0]
+        cls.copy_(saved)
+    assert not torch.allclose(ours, changed, atol=1e-4)
+
+
+def test_masked_attention_is_eager_and_the_vit_keeps_sdpa(wrapper):
+    model = wrapper.model
+    assert model.detr_decoder.layers[0].text_cross_attn.config._attn_implementation == "eager"
+    assert model.geometry_encoder.layers[0].cross_attn.config._attn_implementation == "eager"
+    assert model.vision_encoder.backbone.layers[0].attention.config._attn_implementation == "sdpa"
+
+
+def test_full_config_is_metas_architecture():
+    from sam3_aoti.model import full_config
+
+    assert full_config().vision_config.backbone_config.layer_norm_eps == 1e-5  # Meta's ViT LayerNorm
 
 
 def test_different_prompts_give_different_outputs(wrapper, tiny_model):

@@ -74,6 +74,7 @@ def build_metadata(settings: Settings, exported_model, paths: ProfilePaths, indu
                     name: {"shape": ["batch*num_prompts", *o.shape[1:]], "dtype": str(o.dtype).removeprefix("torch.")}
                     for name, o in zip(OUTPUT_NAMES, outputs) if n == o.shape[0]
                 },
+                "output_order": list(OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
                 "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
                 "pairing": "pair i = (image i // num_prompts, prompt i % num_prompts)",
             },
