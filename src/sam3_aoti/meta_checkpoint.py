@@ -2,7 +2,7 @@
 
 `KEY_MAP` is the one table of where each Meta parameter lives in transformers' model (after
 transformers' own `convert_sam3_to_hf.py`, checked key by key and shape by shape against the model
-Meta's `sam3` 0.1.4 builds, see tests/data). Beyond renaming, four values change form:
+Meta's `sam3` 0.1.4 builds, see tests/data). Beyond renaming, three kinds of values change form:
 fused q/k/v projections are split, the ViT position table loses its unused cls row, and CLIP's text
 projection is stored transposed. `to_meta` is the inverse, for tests and the parity check.
 """
@@ -175,12 +175,12 @@ def to_transformers(state: dict) -> tuple[dict, list[str]]:
         if new == POSITION_TABLE:
             value = value[:, 1:]  # the cls token's row: Meta's ViT runs without a cls token
         elif new == TEXT_PROJECTION:
-            value = value.T
+            value = value.T.contiguous()
         if any(f in new for f in FUSED_QKV):
             for part, chunk in zip("qkv", torch.chunk(value, 3, dim=0)):
                 converted[_split_name(new, part)] = chunk.contiguous()
         else:
-            converted[new] = value.contiguous() if new == TEXT_PROJECTION else value
+            converted[new] = value
     return converted, unknown
 
 

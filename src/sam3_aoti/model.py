@@ -154,7 +154,6 @@ class Sam3Grounding(nn.Module):
         outputs = (out.pred_logits.unsqueeze(-1), boxes_cxcywh, out.pred_masks, out.presence_logits)
         return tuple(o.float() for o in outputs)
 
-
     def empty_geometry_prompt(self, vision) -> torch.Tensor:
         """The geometry encoder's output for no boxes, `[B, 1, C]`: its CLS token after attending to the image.
 
@@ -184,7 +183,6 @@ class ImageTransforms(nn.Module):
             images / 255.0, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False, antialias=True
         )
         return (x - IMAGE_MEAN) / IMAGE_STD
-
 
 
 def eager_reference(settings):
