@@ -64,11 +64,14 @@ def outputs(model):
 
 
 def test_both_formats_load_to_identical_outputs(checkpoints, tiny_model):
-    from_hf = outputs(load_hf_folder(checkpoints / "hf"))
-    from_meta = outputs(load_meta_checkpoint(checkpoints / "sam3.pt", tiny_config()))
-    reference = outputs(tiny_model)
-    for a, b, ref in zip(from_hf, from_meta, reference):
-        assert torch.equal(a, b) and torch.equal(a, ref)
+    from_hf = load_hf_folder(checkpoints / "hf")
+    from_meta = load_meta_checkpoint(checkpoints / "sam3.pt", tiny_config())
+    reference = tiny_model.state_dict()
+    for model in (from_hf, from_meta):
+        state = model.state_dict()
+        assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in reference)
+    for a, b in zip(outputs(from_hf), outputs(from_meta)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # attention kernels may differ by construction path
 
 
 def rewrite_meta(src: Path, dest: Path, edit) -> Path:
