@@ -55,7 +55,9 @@ def test_masked_attention_is_eager_and_the_vit_keeps_sdpa(wrapper):
     model = wrapper.model
     assert model.detr_decoder.layers[0].text_cross_attn.config._attn_implementation == "eager"
     assert model.geometry_encoder.layers[0].cross_attn.config._attn_implementation == "eager"
+    assert model.detr_encoder.layers[0].cross_attn.config._attn_implementation == "eager"
     assert model.vision_encoder.backbone.layers[0].attention.config._attn_implementation == "sdpa"
+    assert model.detr_encoder.layers[0].self_attn.config._attn_implementation == "sdpa"  # 5184 tokens, no mask
 
 
 def test_full_config_is_metas_architecture():

@@ -8,6 +8,8 @@ prompt; only the DETR/mask heads see all N pairs.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -103,17 +105,22 @@ MASKED_ATTENTION = ("text_encoder", "geometry_encoder", "detr_encoder", "detr_de
 
 
 def use_eager_attention_where_masked(model: Sam3Model) -> None:
-    """Plain matmul-softmax attention wherever a mask or bias is added; SDPA only in the ViT (no mask).
+    """Plain matmul-softmax attention wherever a mask or bias is added; SDPA where none is (the ViT and the
+    DETR encoder's self-attention over the 72x72 image tokens, where the time goes).
 
     AOTInductor lowers masked SDPA on CUDA to the memory-efficient kernel and can hand it a bias whose last
     dim is not contiguous: the full-size package failed on the H200 with "(*bias): last dimension must be
-    contiguous" (the pytorch#138317 family). Those attentions are small (32 tokens, 200 queries); the ViT,
-    where the time goes, keeps SDPA. Outputs are unchanged (1e-8 on the tiny model)."""
+    contiguous" (the pytorch#138317 family). The switch is per sub-config because transformers builds each
+    mask (float for eager, bool for SDPA) from the parent's config; the unmasked self-attentions then get a
+    config of their own back on SDPA. Outputs are unchanged (1e-8 on the tiny model)."""
     for name in MASKED_ATTENTION:
         for module in getattr(model, name).modules():
             config = getattr(module, "config", None)
             if config is not None and hasattr(config, "_attn_implementation"):
                 config._attn_implementation = "eager"
+    for layer in model.detr_encoder.layers:
+        layer.self_attn.config = copy.copy(layer.self_attn.config)
+        layer.self_attn.config._attn_implementation = "sdpa"
 
 
 class Sam3Grounding(nn.Module):
