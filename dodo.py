@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
 from sam3_aoti.config import DEFAULT_CASES
+from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
 from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
 DOIT_CONFIG = {
@@ -34,7 +35,7 @@ def weights_inputs(weights: str) -> list[Path]:
     source = Path(weights)
     folder = source if source.is_dir() else source.parent
     model = [source / "config.json", *sorted(source.glob("*.safetensors"))] if source.is_dir() else [source]
-    tokenizer = [folder / name for name in ("merges.txt", "tokenizer.json", "vocab.json", "bpe_simple_vocab_16e6.txt.gz")]
+    tokenizer = [folder / name for name in CHECKPOINT_TOKENIZER_FILES]
     return model + [f for f in tokenizer if f.is_file()]
 
 

@@ -7,6 +7,7 @@ Usage: python scripts/parity_eager.py [doit-style variables: profile=sam3 weight
 """
 
 import json
+import logging
 import sys
 import time
 
@@ -14,35 +15,26 @@ import torch
 
 from sam3_aoti.cases import load_cases
 from sam3_aoti.config import load_settings
-from sam3_aoti.metrics import compare, scores
-from sam3_aoti.model import ImageTransforms, Sam3Grounding
-from sam3_aoti.parity import meta_model, meta_outputs, write_meta_checkpoint
+from sam3_aoti.model import eager_reference
+from sam3_aoti.parity import case_row, meta_model, meta_outputs, write_meta_checkpoint
 from sam3_aoti.postprocess import to_tensor
 from sam3_aoti.tokenizer import encode_prompts
-from sam3_aoti.weights import load_model
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     variables = dict(arg.split("=", 1) for arg in sys.argv[1:])
     settings = load_settings(variables.get("profile", "sam3"), "cuda", "fp32", variables.get("weights", "random"))
     t0 = time.perf_counter()
     write_meta_checkpoint(settings)
     meta = meta_model(settings)
-    ours = Sam3Grounding(load_model(settings).cuda()).eval()
-    transforms = ImageTransforms(ours.model.config.vision_config.backbone_config.image_size)
+    ours, transforms = eager_reference(settings)
     rows = []
     with torch.inference_mode():
         for case in load_cases():
             pixels = transforms(to_tensor(case.load_image(), "cuda"))
             mine = ours(pixels, encode_prompts(list(case.prompts)).cuda())
-            theirs = meta_outputs(meta, pixels, case.prompts, "cuda")
-            row = {"case": case.name, **compare(mine, theirs),
-                   "score_abs": float((scores(mine) - scores(theirs)).abs().max()),
-                   "top1_same": bool((scores(mine).argmax(-1) == scores(theirs).argmax(-1)).all())}
-            rows.append(row)
-            print(f"{case.name}: top-1 same {row['top1_same']}, score |diff| {row['score_abs']:.2e}, "
-                  f"logits |diff| {row['pred_logits']['max_abs']:.2e}, box |diff| {row['matched_box_abs']:.2e}, "
-                  f"mask IoU {row['topk_mask_iou_min']:.4f}", flush=True)
+            rows.append(case_row(case, mine, meta_outputs(meta, pixels, case.prompts, "cuda")))
     print(json.dumps({"seconds": round(time.perf_counter() - t0, 1), "cases": rows}))
 
 

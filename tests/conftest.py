@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -57,3 +58,15 @@ def tiny_model():
     from sam3_aoti.model import random_model, tiny_config
 
     return random_model(tiny_config(), seed=0)
+
+
+def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
+    """vocab.json + merges.txt as transformers' CLIPTokenizer saves them, built from CLIP's merges."""
+    from sam3_aoti.tokenizer import _bytes_to_unicode
+
+    merges = merges_text.split("\n")[1 : 49152 - 256 - 2 + 1]
+    vocab = list(_bytes_to_unicode().values())
+    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")

@@ -1,10 +1,10 @@
 """Offline CLIP BPE: ids equal SAM3's own (start 49406, end 49407, pad 0, context 32)."""
 
-import json
-
 import pytest
 
-from sam3_aoti.tokenizer import CONTEXT_LENGTH, ClipTokenizer, _bytes_to_unicode, encode_prompts, read_merges_text
+from sam3_aoti.tokenizer import CONTEXT_LENGTH, ClipTokenizer, encode_prompts, read_merges_text
+
+from conftest import hf_tokenizer_files
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +29,7 @@ def test_matches_transformers_clip_tokenizer(tmp_path, tokenizer):
     """transformers' own CLIP tokenizer, fed the same vocabulary, gives the same ids."""
     from transformers import CLIPTokenizer
 
-    merges_text = read_merges_text()
-    merges = merges_text.split("\n")[1 : 49152 - 256 - 2 + 1]
-    vocab = list(_bytes_to_unicode().values())
-    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges]
-    vocab += ["<|startoftext|>", "<|endoftext|>"]
-    (tmp_path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    hf_tokenizer_files(tmp_path, read_merges_text())
     reference = CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
     for text in ["a truck", "solar panels on a roof", "Swimming-pool, 2 boats!", "café", "a red car's wheel"]:
         want = reference(text, add_special_tokens=False)["input_ids"]

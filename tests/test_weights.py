@@ -14,10 +14,10 @@ from sam3_aoti.config import load_settings
 from sam3_aoti.errors import WeightsError
 from sam3_aoti.meta_checkpoint import to_meta, to_transformers
 from sam3_aoti.model import Sam3Grounding, example_inputs, tiny_config
-from sam3_aoti.tokenizer import ClipTokenizer, _bytes_to_unicode, checkpoint_merges, read_merges_text
+from sam3_aoti.tokenizer import ClipTokenizer, checkpoint_merges, read_merges_text
 from sam3_aoti.weights import load_hf_folder, load_meta_checkpoint
 
-from conftest import copy_repo, run_doit
+from conftest import copy_repo, hf_tokenizer_files, run_doit
 
 META_KEYS = Path(__file__).parent / "data" / "meta_sam3_detector_keys.txt"
 
@@ -181,16 +181,6 @@ def test_doit_prints_the_fallback_notice(tmp_path):
 
 
 # ---- tokenizer files shipped with a checkpoint -------------------------------------------------------
-
-def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
-    """vocab.json + merges.txt as transformers' CLIPTokenizer saves them."""
-    merges = merges_text.split("\n")[1 : 49152 - 256 - 2 + 1]
-    vocab = list(_bytes_to_unicode().values())
-    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges]
-    vocab += ["<|startoftext|>", "<|endoftext|>"]
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-
 
 def test_checkpoint_tokenizer_files_are_used_and_checked(tmp_path):
     bundled = read_merges_text()

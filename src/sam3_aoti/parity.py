@@ -89,7 +89,6 @@ def run(settings: Settings) -> None:
     import torch
 
     from .cases import load_cases
-    from .metrics import compare, scores
     from .package import load_package
     from .postprocess import to_tensor
 
@@ -106,13 +105,7 @@ def run(settings: Settings) -> None:
         for case in load_cases():
             pixels = package.transforms(to_tensor(case.load_image(), settings.device))
             ours = package.model(pixels, package.encode_prompts(case.prompts).to(settings.device))
-            theirs = meta_outputs(model, pixels, case.prompts, settings.device)
-            metrics = compare(ours, theirs)
-            metrics["score_abs"] = float((scores(ours) - scores(theirs)).abs().max())
-            metrics["top1_same"] = bool((scores(ours).argmax(-1) == scores(theirs).argmax(-1)).all())
-            rows.append({"case": case.name, "prompts": case.prompts, **metrics})
-            log.info("%s: top-1 same %s, score |diff| %.2e, box |diff| %.2e, mask IoU %.4f", case.name,
-                     metrics["top1_same"], metrics["score_abs"], metrics["matched_box_abs"], metrics["topk_mask_iou_min"])
+            rows.append(case_row(case, ours, meta_outputs(model, pixels, case.prompts, settings.device)))
     failures = check(rows, tolerances)
     report = {"tolerances": tolerances, "cases": rows, "failures": failures, "passed": not failures,
               "weights": settings.weights, "random_weights": settings.weights == "random",
@@ -124,6 +117,19 @@ def run(settings: Settings) -> None:
     log.info("parity report %s", paths.parity_md)
     if failures:
         raise DriftError(f"package differs from Meta's SAM3: {failures[0]} (and {len(failures) - 1} more)")
+
+
+def case_row(case, ours, theirs) -> dict:
+    """One case's comparison with Meta's outputs (verify's metrics plus every query's score and the top-1)."""
+    from .metrics import compare, scores
+
+    row = {"case": case.name, "prompts": list(case.prompts), **compare(ours, theirs),
+           "score_abs": float((scores(ours) - scores(theirs)).abs().max()),
+           "top1_same": bool((scores(ours).argmax(-1) == scores(theirs).argmax(-1)).all())}
+    log.info("%s: top-1 same %s, score |diff| %.2e, logits |diff| %.2e, box |diff| %.2e, mask IoU %.4f", case.name,
+             row["top1_same"], row["score_abs"], row["pred_logits"]["max_abs"], row["matched_box_abs"],
+             row["topk_mask_iou_min"])
+    return row
 
 
 def check(rows: list[dict], tolerances: dict) -> list[str]:

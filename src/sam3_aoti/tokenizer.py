@@ -22,6 +22,8 @@ from .errors import ConfigError
 START, END, PAD = 49406, 49407, 0
 CONTEXT_LENGTH = 32
 VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
+# Tokenizer files a checkpoint folder may carry (HF's, then Meta's), read by `checkpoint_merges`.
+CHECKPOINT_TOKENIZER_FILES = ("merges.txt", "tokenizer.json", "vocab.json", VOCAB_FILE)
 _NUM_MERGES = 49152 - 256 - 2
 _SPECIAL = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|"
 # Without `regex` (a torch-only consumer): letters = word characters minus digits and "_".
