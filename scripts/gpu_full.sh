@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Every H200 figure reported for issues #3-#5, in one detached run of about 20 minutes:
-#   full model, fp32: toolchain, weights, export, compile, verify; parity with Meta's SAM3 (GPU test); bench
-#   full model, bf16: the same build in a copy of the checkout, side by side; verify; bench
-#   tiny model on CUDA: the GPU test (the whole default chain)
+# Every H200 figure reported for issues #3-#5, in one detached run (about 20 minutes for all three parts):
+#   fp32: full model, toolchain to verify; parity with Meta's SAM3 (GPU test); bench
+#   bf16: full model, the same build in a copy of the checkout (side by side); verify; bench
+#   tiny: the GPU test (the whole default chain of the tiny profile on CUDA)
 # Builds share the machine's cores, so compile times are upper bounds; the benches run alone, last.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
-#   scripts/gpu_full.sh start        start it (setsid), return at once
-#   scripts/gpu_full.sh wait SECS    wait until it ends or SECS pass, then pack reports and logs into
-#                                    $OUT/h200-results.tar.gz (whatever exists so far) and print the status
+#   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: fp32 bf16 tiny)
+#   scripts/gpu_full.sh wait SECS         wait until it ends or SECS pass, then pack reports and logs into
+#                                         $OUT/h200-results.tar.gz (whatever exists so far) and print the status
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=/tmp/sam3-aoti-results
 BF16=/tmp/sam3-aoti-bf16
 SAM3="profile=sam3 weights=random device=cuda"
-# The image's default g++ links libstdc++ statically, which crashes AOTI loads; the toolchain doctor finds
-# this fix by itself, after an 80 s crashing probe.
-export CXX=${CXX:-/usr/bin/g++}
+# The image's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which crashes AOTI loads; the toolchain
+# doctor finds /usr/bin/g++ by itself, after an 80 s crashing probe. Set here to save those 80 s.
+export CXX=/usr/bin/g++
 
 step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times to RESULTS/status
     local name=$1 rc
@@ -27,24 +27,32 @@ step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times t
     return $rc
 }
 
+fp32_chain() {
+    step fp32-build scripts/gpu_run.sh toolchain weights export compile $SAM3 precision=fp32 || return 1
+    # verify outside doit: the parity test's doit run holds this profile's doit state meanwhile
+    step fp32-verify scripts/gpu_run.sh --python -m sam3_aoti.verify --profile sam3 --weights random \
+        --device cuda --precision fp32 &
+    step fp32-parity-test scripts/gpu_run.sh --pytest -m gpu -k parity tests/test_gpu.py
+    wait
+}
+
+bf16_chain() {
+    rm -rf "$BF16" && mkdir -p "$BF16"
+    tar --exclude=./artifacts --exclude=./env/cuda.env -cf - . | tar -xf - -C "$BF16"
+    cd "$BF16" && step bf16-build scripts/gpu_run.sh toolchain weights export compile verify $SAM3 precision=bf16
+}
+
 run_all() {
-    step fp32-build scripts/gpu_run.sh toolchain weights export $SAM3 precision=fp32 || return 1
-    rm -rf "$BF16" && mkdir -p "$BF16" && tar --exclude=./artifacts -cf - . | tar -xf - -C "$BF16"
-    (cd "$BF16" && step bf16-build scripts/gpu_run.sh toolchain weights export compile verify $SAM3 precision=bf16) &
-    local bf16=$!
-    step tiny-gpu-test scripts/gpu_run.sh --pytest -m gpu -k tiny tests/test_gpu.py &
-    local tiny=$!
-    if step fp32-compile scripts/gpu_run.sh compile $SAM3 precision=fp32; then
-        # verify outside doit: the parity test's doit run holds this profile's doit state meanwhile
-        step fp32-verify scripts/gpu_run.sh --python -m sam3_aoti.verify --profile sam3 --weights random \
-            --device cuda --precision fp32 &
-        local verify=$!
-        step fp32-parity-test scripts/gpu_run.sh --pytest -m gpu -k parity tests/test_gpu.py
-        wait $verify
-    fi
-    wait $bf16 $tiny
-    step fp32-bench scripts/gpu_run.sh bench $SAM3 precision=fp32
-    (cd "$BF16" && step bf16-bench scripts/gpu_run.sh bench $SAM3 precision=bf16)
+    local parts=" $* " pids=()
+    scripts/gpu_run.sh --python -c "" || return 1  # install the wheels once, before builds run side by side
+    [[ $parts == *" fp32 "* ]] && { fp32_chain & pids+=($!); }
+    [[ $parts == *" bf16 "* ]] && { bf16_chain & pids+=($!); }
+    [[ $parts == *" tiny "* ]] && { step tiny-gpu-test scripts/gpu_run.sh --pytest -m gpu -k tiny tests/test_gpu.py &
+                                    pids+=($!); }
+    wait "${pids[@]}"
+    [[ $parts == *" fp32 "* ]] && step fp32-bench scripts/gpu_run.sh bench $SAM3 precision=fp32
+    [[ $parts == *" bf16 "* ]] && (cd "$BF16" && step bf16-bench scripts/gpu_run.sh bench $SAM3 precision=bf16)
+    return 0
 }
 
 pack() {
@@ -69,10 +77,12 @@ pack() {
 case "${1:-}" in
     start)
         rm -rf "$RESULTS" && mkdir -p "$RESULTS"
-        setsid nohup bash "$0" run > "$RESULTS/driver.log" 2>&1 < /dev/null &
+        shift
+        setsid nohup bash "$0" run "${@:-fp32 bf16 tiny}" > "$RESULTS/driver.log" 2>&1 < /dev/null &
         echo "started; poll with: scripts/gpu_full.sh wait 570" ;;
     run)
-        run_all
+        shift
+        run_all $@
         echo "$(date +%T) end all" >> "$RESULTS/status" ;;
     wait)
         deadline=$((SECONDS + ${2:-570}))

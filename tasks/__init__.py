@@ -57,20 +57,23 @@ def stage_command(name: str) -> list[str]:
     return args
 
 
-def stage_env() -> dict:
-    """The environment of a stage process: ours, the checkout's library first, plus env/cuda.env."""
+def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
+    """The environment of a stage process: ours, the checkout's library first, plus env/cuda.env, except
+    for `toolchain`, which writes that file: it must probe the machine as it is, or a fix recorded by an
+    earlier run (CXX) makes the probe pass, is left out of the new file, and the compile crashes."""
     from sam3_aoti.toolchain import read_env_file
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    env.update(read_env_file(ENV_FILE, env))
+    if name != "toolchain":
+        env.update(read_env_file(env_file, env))
     return env
 
 
 def run_stage(name: str):
     """Each stage in its own process: memory is returned between full-size stages, env/cuda.env applies
     before torch is imported, and a crash in native code fails the task instead of killing doit."""
-    proc = subprocess.run(stage_command(name), cwd=ROOT, env=stage_env())
+    proc = subprocess.run(stage_command(name), cwd=ROOT, env=stage_env(name))
     if proc.returncode == 0:
         return None
     how = f"exit {proc.returncode}" if proc.returncode > 0 else f"killed by {signal.Signals(-proc.returncode).name}"

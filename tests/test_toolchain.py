@@ -110,6 +110,23 @@ def test_env_file_round_trip_prepends_path(tmp_path):
     assert shell.splitlines() == ["/opt/cuda", "/opt/cuda/bin:/usr/bin", fix]
 
 
+def test_toolchain_stage_probes_the_machine_without_an_earlier_fix(tmp_path, monkeypatch):
+    """A rerun of `toolchain` must not inherit the CXX its last run recorded: the probe would pass with it,
+    the new env file would leave it out, and compile would use the crashing compiler again (seen on the H200)."""
+    import tasks
+
+    env_file = tmp_path / "cuda.env"
+    toolchain.write_env_file(env_file, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/fix/g++",
+                                        toolchain.FIX_VARIABLE: "compiler linking libstdc++ shared: /fix/g++"})
+    monkeypatch.setenv("CXX", "/machine/g++")
+    assert tasks.stage_env("compile", env_file)["CXX"] == "/fix/g++"
+    assert tasks.stage_env("toolchain", env_file)["CXX"] == "/machine/g++"
+    sourced = toolchain.read_env_file(env_file, {"PATH": "/usr/bin"})  # a user who sourced the file
+    assert toolchain.machine_env({"PATH": "/usr/bin", **sourced}) == {"CUDA_HOME": "/opt/cuda",
+                                                                     "PATH": "/opt/cuda/bin:/usr/bin"}
+    assert toolchain.machine_env({"CXX": "/machine/g++"}) == {"CXX": "/machine/g++"}
+
+
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
     overlay = toolchain.regex_free_overlay(tmp_path)
     text = (overlay / "torch/csrc/inductor/aoti_runtime/model_base.h").read_text()

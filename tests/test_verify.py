@@ -65,6 +65,20 @@ def test_mask_iou_and_matched_boxes():
     assert metrics["pred_boxes"]["max_abs"] == pytest.approx(0.5, abs=1e-6)
 
 
+def test_mask_iou_leaves_out_pixels_the_reference_has_not_decided():
+    """Seen on the H200 with the random tiny model: |diff| 1.7e-6 flipped a pixel of a 97-pixel mask (IoU 0.99)."""
+    reference = torch.full((1, 1, 10, 10), -1.0)
+    reference[..., :1, :] = 1.0  # a 10-pixel mask
+    reference[..., 5, 5] = -1e-7  # undecided: float noise may flip it
+    noisy = reference.clone()
+    noisy[..., 5, 5] = 1e-7
+    assert mask_iou(noisy, reference).item() == pytest.approx(10 / 11)
+    assert mask_iou(noisy, reference, band=1e-5).item() == 1.0
+    drifted = noisy.clone()
+    drifted[..., 0, :5] = -1.0  # half the decided mask lost: the band does not hide real drift
+    assert mask_iou(drifted, reference, band=1e-5).item() == 0.5
+
+
 def test_cases_from_a_folder_of_images(tmp_path):
     from PIL import Image
 

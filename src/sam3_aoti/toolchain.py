@@ -365,14 +365,21 @@ def candidate_fixes(scratch: Path, cxx: str) -> list[tuple[str, dict]]:
 
 # ---- the stage ---------------------------------------------------------------------------------------
 
+def machine_env(environ) -> dict:
+    """The environment without what a sourced env/cuda.env adds for its fix (the marker and its CXX): the
+    probe must judge the machine's own compiler, or the next env file would lose the fix."""
+    env = {k: v for k, v in environ.items() if k != FIX_VARIABLE}
+    if FIX_VARIABLE in environ:
+        env.pop("CXX", None)
+    return env
+
+
 def run(settings: Settings) -> dict:
     import torch
 
     scratch = toolchain_dir(settings)
     scratch.mkdir(parents=True, exist_ok=True)
-    base_env = {k: v for k, v in os.environ.items() if k != FIX_VARIABLE}
-    if base_env.get("CXX", "").startswith(str(scratch)):  # a wrapper of ours from an earlier fix
-        base_env.pop("CXX")
+    base_env = machine_env(os.environ)
     report: dict = {"device": settings.device, "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                     "python": sys.version.split()[0], "notes": []}
     report["cxx"] = cxx_info(base_env)
