@@ -117,7 +117,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
                                   "as expected", got == want))
                 if got == want:
-                    rows += gate(compare(out, reference, mask_band=tol["mask_band"]), tol, backend, label)
+                    rows += gate(compare(out, reference, mask_band=tol.get("mask_band", 0.0)), tol, backend, label)
         for case in cases:
             image = to_tensor(case.load_image(), device)
             token_ids = package.encode_prompts(list(case.prompts)).to(device)
@@ -127,7 +127,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 images = pkg.transforms(image)
                 diff = float((images - ref_images).abs().max())
                 rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=tol["mask_band"]), tol,
+                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=tol.get("mask_band", 0.0)), tol,
                              backend, case.name)
     return rows
 
