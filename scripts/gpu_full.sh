@@ -2,7 +2,7 @@
 # Every H200 figure reported for issues #3-#5, in one detached run (about 20 minutes for all three parts):
 #   fp32: full model, toolchain to verify; parity with Meta's SAM3 (GPU test); bench
 #   bf16: full model, the same build in a copy of the checkout (side by side); verify; bench
-#   tiny: the GPU test (the whole default chain of the tiny profile on CUDA)
+#   tiny: the GPU test (the whole default chain of the tiny profile on CUDA), then bench in its copy
 # Builds share the machine's cores, so compile times are upper bounds; the benches run alone, last.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
 #   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: fp32 bf16 tiny)
@@ -42,6 +42,17 @@ bf16_chain() {
     cd "$BF16" && step bf16-build scripts/gpu_run.sh toolchain weights export compile verify $SAM3 precision=bf16
 }
 
+tiny_repo() {  # the tiny GPU test's copy of the checkout
+    ls -td /tmp/pytest-of-*/pytest-*/test_tiny_pipeline_on_cuda0 2>/dev/null | head -n 1
+}
+
+tiny_bench() {  # in the test's copy, with its package; its own dodo and library, not this checkout's
+    local repo
+    repo=$(tiny_repo)
+    [[ -n $repo ]] || return 1
+    (cd "$repo" && PYTHONPATH="/tmp/sam3-site:$repo/src" PYTHONUNBUFFERED=1 step tiny-bench python3 -m doit bench device=cuda)
+}
+
 run_all() {
     local parts=" $* " pids=()
     scripts/gpu_run.sh --python -c "" || return 1  # install the wheels once, before builds run side by side
@@ -52,6 +63,7 @@ run_all() {
     wait "${pids[@]}"
     [[ $parts == *" fp32 "* ]] && step fp32-bench scripts/gpu_run.sh bench $SAM3 precision=fp32
     [[ $parts == *" bf16 "* ]] && (cd "$BF16" && step bf16-bench scripts/gpu_run.sh bench $SAM3 precision=bf16)
+    [[ $parts == *" tiny "* ]] && tiny_bench
     return 0
 }
 
@@ -59,9 +71,9 @@ pack() {
     local staging=/tmp/sam3-aoti-pack
     rm -rf "$staging" && mkdir -p "$staging"
     cp -r "$RESULTS" "$staging/logs"
-    local tiny_test
-    tiny_test=$(ls -d /tmp/pytest-of-*/pytest-*/test_tiny_pipeline_on_cuda0/artifacts 2>/dev/null | tail -n 1)
-    for tree in "fp32:$PWD/artifacts" "bf16:$BF16/artifacts" "tiny-gpu-test:$tiny_test"; do
+    local tiny
+    tiny=$(tiny_repo)
+    for tree in "fp32:$PWD/artifacts" "bf16:$BF16/artifacts" "tiny-gpu-test:${tiny:+$tiny/artifacts}"; do
         local name=${tree%%:*} root=${tree#*:}
         [[ -n $root && -d $root ]] || continue
         mkdir -p "$staging/$name"

@@ -101,6 +101,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
 
     opts = settings.stage("verify")
     tol = opts["tolerances"][settings.precision]
+    band = tol.get("mask_band", 0.0)
     device = torch.device(settings.device)
     config = eager.model.config
     backends = {"aoti": package, "exported": fallback}
@@ -117,7 +118,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
                                   "as expected", got == want))
                 if got == want:
-                    rows += gate(compare(out, reference, mask_band=tol.get("mask_band", 0.0)), tol, backend, label)
+                    rows += gate(compare(out, reference, mask_band=band), tol, backend, label)
         for case in cases:
             image = to_tensor(case.load_image(), device)
             token_ids = package.encode_prompts(list(case.prompts)).to(device)
@@ -127,8 +128,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 images = pkg.transforms(image)
                 diff = float((images - ref_images).abs().max())
                 rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=tol.get("mask_band", 0.0)), tol,
-                             backend, case.name)
+                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=band), tol, backend, case.name)
     return rows
 
 
