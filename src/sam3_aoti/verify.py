@@ -20,6 +20,18 @@ from .paths import ProfilePaths
 log = logging.getLogger("sam3_aoti")
 
 
+def shown(value: float | str, limit: str, ok: bool) -> str:
+    """3 significant digits, or as many more as a failed value needs to differ from its limit in print
+    (0.9897 against >= 0.99 read "0.99")."""
+    if not isinstance(value, float):
+        return value
+    for digits in range(3, 10):
+        text = f"{value:.{digits}g}"
+        if ok or float(text) != float(limit.split()[-1]):
+            break
+    return text
+
+
 @dataclass
 class Check:
     backend: str  # aoti | exported
@@ -30,7 +42,7 @@ class Check:
     ok: bool
 
     def line(self) -> str:
-        value = f"{self.value:.3g}" if isinstance(self.value, float) else self.value
+        value = shown(self.value, self.limit, self.ok)
         return f"{'✓' if self.ok else '✗'} {self.backend:8} {self.case:22} {self.metric:28} {value:>12}  {self.limit}"
 
 
@@ -151,7 +163,7 @@ def summarize(rows: list[Check]) -> list[str]:
     for (backend, metric), group in groups.items():
         failed = [r for r in group if not r.ok]
         worst = min(group, key=margin)
-        value = f"{worst.value:.3g}" if isinstance(worst.value, float) else worst.value
+        value = shown(worst.value, worst.limit, worst.ok)
         lines.append(f"{'✗' if failed else '✓'} {backend:8} {metric:30} {value:>10} {worst.limit:10}"
                      f" {len(group) - len(failed)}/{len(group)} ok, worst: {worst.case}")
     return lines
@@ -162,8 +174,8 @@ def html_report(settings: Settings, verify_report: dict, pictures: list[tuple[st
     import html
 
     def cells(r: dict) -> str:
-        value = r["value"] if isinstance(r["value"], str) else f"{r['value']:.3g}"
-        values = ["✓" if r["ok"] else "✗", r["backend"], r["case"], r["metric"], value, r["limit"]]
+        values = ["✓" if r["ok"] else "✗", r["backend"], r["case"], r["metric"], shown(r["value"], r["limit"], r["ok"]),
+                  r["limit"]]
         return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
 
     verdict = "PASSED" if verify_report.get("passed") else "FAILED"
@@ -207,9 +219,9 @@ def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], in
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        value = f"{r.value:.3g}" if isinstance(r.value, float) else r.value
         metric = r.metric.replace("|", "\\|")  # a bare | would split the markdown cell
-        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {metric} | {value} | {r.limit} |")
+        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {metric} | {shown(r.value, r.limit, r.ok)} "
+                     f"| {r.limit} |")
     write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
 
 
