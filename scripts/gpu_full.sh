@@ -80,7 +80,7 @@ pack() {
         (cd "$root" && find . -path '*/verify/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
             \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' \
             -o -name manifest.json -o -name doctor.json \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$staging/$name"
-        ls -l "$root"/sam3/package > "$staging/$name/package-ls.txt" 2>/dev/null
+        ls -l "$root"/*/package > "$staging/$name/package-ls.txt" 2>/dev/null
     done
     nvidia-smi > "$staging/nvidia-smi.txt" 2>&1
     tar -czf "${OUT:-/tmp}/h200-results.tar.gz" -C "$staging" .
@@ -102,5 +102,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 4 "$log"; done ;;
-    *) echo "usage: scripts/gpu_full.sh start | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: scripts/gpu_full.sh start [fp32] [bf16] [tiny] | wait SECONDS" >&2; exit 2 ;;
 esac
