@@ -37,7 +37,7 @@ def mask_iou(a: torch.Tensor, b: torch.Tensor, band: float = 0.0) -> torch.Tenso
     logits of 1e-4, so a 100-pixel mask loses 1 % of IoU to one such pixel)."""
     decided = b.abs() >= band  # band 0: every pixel
     a, b = (a > 0) & decided, (b > 0) & decided
-    inter, union = (a & b).sum((-2, -1)).float(), ((a | b) & decided).sum((-2, -1)).float()
+    inter, union = (a & b).sum((-2, -1)).float(), (a | b).sum((-2, -1)).float()
     return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))
 
 

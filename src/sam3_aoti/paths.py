@@ -60,7 +60,6 @@ class ProfilePaths:
     def render_index(self) -> Path:
         return self.render_dir / "index.md"
 
-
     @property
     def meta_checkpoint(self) -> Path:
         """The profile's weights in Meta's format, written by `parity` for Meta's own loader."""

@@ -51,7 +51,7 @@ SCORE_GATES = [
     ("top-1 score |diff|", "top1_score_abs", "top1_score_abs", "<="),
     ("top-5 index overlap", "top5_overlap", "top5_overlap_min", ">="),
     ("top-5 matched box max|diff|", "matched_box_abs", "box_abs", "<="),
-    ("top-5 mask IoU (min)", "topk_mask_iou_min", "mask_iou_min", ">="),  # pixels |ref logit| > mask_band
+    ("top-5 mask IoU (min)", "topk_mask_iou_min", "mask_iou_min", ">="),  # over pixels with |ref logit| >= mask_band
 ]
 
 
