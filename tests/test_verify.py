@@ -79,6 +79,19 @@ def test_mask_iou_leaves_out_pixels_the_reference_has_not_decided():
     assert mask_iou(drifted, reference, band=1e-5).item() == 0.5
 
 
+def test_pearson_gates_only_the_dense_outputs():
+    """Seen on the H200, bf16: presence r = -0.5 over 2 scalars 1e-4 apart, while every |diff| was within bf16."""
+    tol = load_settings(device="cpu").stage("verify")["tolerances"]["bf16"]
+    metrics = {name: {"max_abs": 1e-3, "pearson": 1.0} for name in ("pred_logits", "pred_boxes", "pred_masks")}
+    metrics["presence_logit_dec"] = {"max_abs": 1e-4, "pearson": -0.5}
+    metrics["pred_boxes"]["pearson"] = 0.987
+    metrics.update(top1_score_abs=0.0, top5_overlap=1.0, matched_box_abs=0.0, topk_mask_iou_min=1.0)
+    assert all(check.ok for check in verify.gate(metrics, tol, "aoti", "case"))
+    metrics["pred_masks"]["pearson"] = 0.99  # dense masks decorrelating is drift
+    failed = [check.metric for check in verify.gate(metrics, tol, "aoti", "case") if not check.ok]
+    assert failed == ["pred_masks pearson r"]
+
+
 def test_a_failed_value_never_prints_as_its_limit():
     assert verify.shown(0.9896907210350037, ">= 0.99", False) == "0.9897"  # the H200's tiny run read "0.99"
     assert verify.shown(2.98e-07, "<= 0.001", True) == "2.98e-07"

@@ -47,6 +47,11 @@ class Check:
 
 
 # score-level checks: (row label, metric key, tolerance key, "<=" or ">=")
+# Pearson r only where it means something: the dense outputs. Boxes of a random model sit in a narrow range
+# and presence is one scalar per (image, prompt), so their r is noise over near-equal values (H200, bf16:
+# presence r = -0.5 on 2 values differing by 1e-4); max |diff| gates them.
+PEARSON_OUTPUTS = ("pred_logits", "pred_masks")
+
 SCORE_GATES = [
     ("top-1 score |diff|", "top1_score_abs", "top1_score_abs", "<="),
     ("top-5 index overlap", "top5_overlap", "top5_overlap_min", ">="),
@@ -56,11 +61,11 @@ SCORE_GATES = [
 
 
 def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
-    """One row per output (max |diff|, pearson r) and per score-level metric."""
+    """One row per output (max |diff|), per dense output (pearson r) and per score-level metric."""
     from .model import OUTPUT_NAMES
 
     checks = [(f"{name} max|diff|", metrics[name]["max_abs"], tol["max_abs"], "<=") for name in OUTPUT_NAMES]
-    checks += [(f"{name} pearson r", metrics[name]["pearson"], tol["pearson_min"], ">=") for name in OUTPUT_NAMES]
+    checks += [(f"{name} pearson r", metrics[name]["pearson"], tol["pearson_min"], ">=") for name in PEARSON_OUTPUTS]
     checks += [(label, metrics[key], tol[limit], op) for label, key, limit, op in SCORE_GATES]
     return [Check(backend, case, label, value, f"{op} {limit}", value <= limit if op == "<=" else value >= limit)
             for label, value, limit, op in checks]
