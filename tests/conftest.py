@@ -62,9 +62,9 @@ def tiny_model():
 
 def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
     """vocab.json + merges.txt as transformers' CLIPTokenizer saves them, built from CLIP's merges."""
-    from sam3_aoti.tokenizer import _bytes_to_unicode
+    from sam3_aoti.tokenizer import _NUM_MERGES, _bytes_to_unicode
 
-    merges = merges_text.split("\n")[1 : 49152 - 256 - 2 + 1]
+    merges = merges_text.split("\n")[1 : _NUM_MERGES + 1]
     vocab = list(_bytes_to_unicode().values())
     vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges]
     vocab += ["<|startoftext|>", "<|endoftext|>"]
