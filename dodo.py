@@ -1,6 +1,7 @@
 """sam3-aoti: `uv run doit` builds, verifies and renders the SAM3 AOTInductor package.
 
 Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 weights=random|PATH config=PATH
+Each variant (profile, precision, device) builds in its own folder: artifacts/<profile>-<precision>-<device>/.
 """
 
 import os
@@ -14,7 +15,7 @@ from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
 DOIT_CONFIG = {
     "default_tasks": ["toolchain", "render"],
-    "dep_file": str(PATHS.root / ".doit.db"),  # one state file per profile: switching never rebuilds
+    "dep_file": str(PATHS.root / ".doit.db"),  # one state file per variant: switching never rebuilds
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
 }
@@ -47,19 +48,27 @@ def task_weights():
 
 def task_export():
     return stage_task("export", "torch.export model + transforms with dynamic batch/prompts; re-run at new shapes",
-                      ["model"], PATHS.checkpoint_files, [PATHS.exported_model, PATHS.exported_transforms])
+                      ["model"], PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
 
 
 def task_compile():
-    return {**stage_task("compile", "AOTInductor-compile both programs into one PT2 archive with metadata",
-                         ["package"], [PATHS.exported_model, PATHS.exported_transforms, PATHS.tokenizer_merges], [PATHS.package],
-                         toolchain=True),
+    # Keyed by the program digest (graphs, signatures, weight layouts), not the weights: a new seed or
+    # checkpoint of the same architecture re-packages without running AOTInductor again.
+    return {**stage_task("compile", "AOTInductor-compile both programs into code without weights (the slow part)",
+                         ["weights_blob"], [PATHS.program_digest], [PATHS.compiled_index], toolchain=True),
             "task_dep": ["toolchain"]}
+
+
+def task_package():
+    return stage_task("package", "Compiled code + current weights (one copy) -> sam3.pt2; exported fallback beside it",
+                      ["model", "tokenizer", "weights_blob"], [PATHS.compiled_index, PATHS.exported, PATHS.program_digest,
+                                               PATHS.tokenizer_merges, *PATHS.checkpoint_files],
+                      [PATHS.package, PATHS.fallback_package])
 
 
 def task_verify():
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
-                      ["metrics", "cases", "package", "postprocess"], [PATHS.package, DEFAULT_CASES],
+                      ["metrics", "cases", "package", "postprocess"], [PATHS.package, PATHS.fallback_package, DEFAULT_CASES],
                       [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 
@@ -73,7 +82,7 @@ def task_render():
 
 def task_bench():
     return stage_task("bench", "Latency table: eager vs exported program vs AOTI at several (B, P) (not in the default run)",
-                      [], [PATHS.package], [PATHS.bench_json, PATHS.bench_md])
+                      ["package"], [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md])
 
 
 def task_parity():

@@ -98,7 +98,7 @@ class fingerprint_changed(config_changed):
 def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, toolchain: bool = False,
                **fingerprint_extra) -> dict:
     return {
-        "doc": doc,
+        "doc": f"{doc} [{relative(PATHS.root)}/]",
         "actions": [(run_stage, [name])],
         "file_dep": sources(name, *modules) + [str(p) for p in file_dep],
         "targets": [str(p) for p in targets],
@@ -113,9 +113,12 @@ class SummaryReporter(ConsoleReporter):
 
     def complete_run(self):
         super().complete_run()
-        shown = [("package", PATHS.package), ("report", PATHS.verify_report_md), ("html", PATHS.verify_report_html),
-                 ("pictures", PATHS.render_dir), ("bench", PATHS.bench_md)]
-        lines = [f"  {label:9} {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
-                 for label, path in shown if path.exists()]
+        shown = [("package", PATHS.package), ("fallback", PATHS.fallback_package), ("report", PATHS.verify_report_md),
+                 ("html", PATHS.verify_report_html), ("pictures", PATHS.render_dir), ("bench", PATHS.bench_md)]
+        lines = [f"  {label:9} {relative(path)}" for label, path in shown if path.exists()]
         if lines and not self.failures:
-            self.write(f"sam3-aoti [{SETTINGS.profile}, {SETTINGS.device}, {SETTINGS.precision}]:\n" + "\n".join(lines) + "\n")
+            self.write(f"sam3-aoti variant {SETTINGS.variant} in {relative(PATHS.root)}/:\n" + "\n".join(lines) + "\n")
+
+
+def relative(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TINY = "artifacts/tiny-fp32-cpu"  # the tiny profile's variant folder on the CPU, relative to a repo
 
 
 def pytest_collection_modifyitems(config, items):

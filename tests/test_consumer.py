@@ -14,7 +14,7 @@ from PIL import Image
 from sam3_aoti.package import load_package
 from sam3_aoti.tokenizer import ClipTokenizer, encode_prompts
 
-from conftest import REPO
+from conftest import REPO, TINY
 
 # Any import of these fails in the consumer's process, as if they were not installed.
 BLOCKER = textwrap.dedent("""
@@ -47,7 +47,7 @@ CONSUMER = BLOCKER + textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def package_path(built_repo):
-    return built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2"
+    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 def clean_env() -> dict:
@@ -116,3 +116,45 @@ def test_predict_bad_input_is_one_line(package_path, tmp_path):
         proc = predict(str(package_path), *args, "--prompt", "a car", cwd=tmp_path)
         assert proc.returncode != 0 and words in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def info(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "info", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def test_info_says_what_the_package_holds(package_path, tmp_path):
+    import hashlib
+    import zipfile
+
+    proc = info(str(package_path), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    model = data["models"]["model"]
+    assert model["backends"] == ["aoti", "exported (fallback)"] and model["device"] == "cpu"
+    assert model["inputs"]["token_ids"] == {"shape": ["num_prompts", 32], "dtype": "int64"}
+    assert model["outputs"]["pred_masks"]["dtype"] == "float32"
+    assert model["dynamic_dims"] == {"batch": {"min": 1}, "num_prompts": {"min": 1}}
+    assert data["precision"] == "fp32" and data["versions"]["torch"] == torch.__version__
+    assert data["bytes"] == package_path.stat().st_size and data["fallback"]["bytes"] > 0
+    with zipfile.ZipFile(package_path) as archive:
+        blob = next(n for n in archive.namelist() if "/aotinductor/model/" in n and n.endswith("_weights.blob"))
+        assert data["weights_sha256"]["model"] == hashlib.sha256(archive.read(blob)).hexdigest()
+        assert model["weights_bytes"] == archive.getinfo(blob).file_size and model["code_bytes"] > 0
+    text = info(str(package_path), cwd=tmp_path).stdout
+    assert "pred_masks" in text and "batch >= 1" in text and "backends aoti, exported (fallback)" in text
+
+
+def test_info_on_a_bad_file_is_one_line_and_exit_2(package_path, tmp_path):
+    import zipfile
+
+    (tmp_path / "truncated.pt2").write_bytes(package_path.read_bytes()[:100_000])
+    (tmp_path / "notes.pt2").write_text("not a package")
+    with zipfile.ZipFile(tmp_path / "other.pt2", "w") as archive:
+        archive.writestr("other/readme.txt", "a zip, not a PT2 archive")
+    for name, words in [("missing.pt2", "no package at"), ("truncated.pt2", "truncated or not a zip"),
+                        ("notes.pt2", "truncated or not a zip"), ("other.pt2", "not a sam3-aoti PT2 package")]:
+        proc = info(name, cwd=tmp_path)
+        assert proc.returncode == 2 and words in proc.stderr, (name, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, (name, proc.stderr)

@@ -15,7 +15,7 @@ def test_tiny_pipeline_on_cuda(tmp_path):
     doctor = json.loads((repo / "artifacts" / "toolchain" / "doctor.json").read_text())
     assert doctor["verdict"].startswith("ok")
     assert doctor["toolkit"]["version"] == ".".join(doctor["torch_cuda"].split(".")[:2])
-    art = repo / "artifacts" / "tiny"
+    art = repo / "artifacts" / "tiny-fp32-cuda"
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     from sam3_aoti.package import load_package
 
@@ -30,6 +30,6 @@ def test_parity_with_metas_sam3():
     """Full-size fp32 package vs Meta's implementation on the cases, same weights in Meta's format. Uses the
     repository's artifacts: after `doit compile profile=sam3 weights=random device=cuda` only parity runs."""
     run_doit(REPO, "parity", "profile=sam3", "weights=random", "device=cuda", "precision=fp32")
-    report = json.loads((REPO / "artifacts" / "sam3" / "parity" / "parity.json").read_text())
+    report = json.loads((REPO / "artifacts" / "sam3-fp32-cuda" / "parity" / "parity.json").read_text())
     assert report["passed"], report["failures"]
     assert len(report["cases"]) >= 6 and all(case["top1_same"] for case in report["cases"])

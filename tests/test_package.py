@@ -1,4 +1,4 @@
-"""The loader: AOTI runners first, exported programs when the AOTI part cannot load; atomic artifacts."""
+"""The package: weights once, loads without deserializing programs; the fallback beside it; atomic artifacts."""
 
 import shutil
 import zipfile
@@ -10,11 +10,15 @@ from sam3_aoti.artifacts import atomic_output
 from sam3_aoti.errors import PackageError
 from sam3_aoti.model import example_inputs
 from sam3_aoti.package import load_package
+from sam3_aoti.paths import fallback_of
+from torch.export.pt2_archive._package import load_pt2
+
+from conftest import TINY
 
 
 @pytest.fixture(scope="module")
 def package_path(built_repo):
-    return built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2"
+    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 def test_loads_aoti_runners_with_metadata_and_vocabulary(package_path):
@@ -25,22 +29,60 @@ def test_loads_aoti_runners_with_metadata_and_vocabulary(package_path):
     assert package.encode_prompts(["a dog"])[0, :4].tolist() == [49406, 320, 1929, 49407]
 
 
-def test_falls_back_to_exported_programs_when_aoti_cannot_load(package_path, tmp_path, tiny_model):
-    broken = tmp_path / "broken.pt2"
-    with zipfile.ZipFile(package_path) as src, zipfile.ZipFile(broken, "w") as dst:
+def test_the_package_stores_the_weights_once_and_no_exported_program(package_path, built_repo):
+    """One blob per model holds the weights; the exported programs (and their copy of the weights, their
+    sample inputs) live in the fallback beside the package, so no loader deserializes them."""
+    with zipfile.ZipFile(package_path) as archive:
+        inner = {i.filename.split("/", 1)[1]: i.file_size for i in archive.infolist()}
+    assert not [n for n in inner if n.startswith(("models/", "data/weights/", "data/constants/", "data/sample_inputs/"))]
+    blobs = {n: size for n, size in inner.items() if n.endswith("_weights.blob")}
+    assert sorted(n.split("/")[2] for n in blobs) == ["model"]  # transforms holds no constants: no blob
+    with zipfile.ZipFile(built_repo / TINY / "export" / "programs.pt2") as archive:  # the tensors the graphs use
+        tensors = sum(i.file_size for i in archive.infolist()
+                      if i.filename.split("/", 1)[1].startswith(("data/weights/weight_", "data/constants/tensor_")))
+    assert tensors <= sum(blobs.values()) <= 1.05 * tensors
+    code = sum(size for n, size in inner.items() if n.startswith("data/aotinductor/") and n not in blobs)
+    assert package_path.stat().st_size <= 1.05 * (sum(blobs.values()) + code) + 2e6  # + metadata and vocabulary
+
+
+def test_a_production_loader_finds_the_aoti_runners_and_nothing_to_deserialize(package_path):
+    contents = load_pt2(str(package_path))
+    assert set(contents.aoti_runners) == {"model", "transforms"} and contents.exported_programs == {}
+
+
+def for_another_device(package_path, target):
+    """A copy of the package whose AOTI part says it was built for CUDA; its fallback beside it."""
+    with zipfile.ZipFile(package_path) as src, zipfile.ZipFile(target, "w") as dst:
         for item in src.infolist():
             data = src.read(item)
-            if item.filename.endswith(".so"):
-                data = b"not an ELF file"
+            if item.filename.endswith("_metadata.json") and "/data/aotinductor/" in item.filename:
+                data = data.replace(b'"AOTI_DEVICE_KEY": "cpu"', b'"AOTI_DEVICE_KEY": "cuda"')
             dst.writestr(item, data)
-    package = load_package(broken)
+    shutil.copy(fallback_of(package_path), fallback_of(target))
+    return target
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA package loads where CUDA is")
+def test_falls_back_to_exported_programs_when_the_aoti_part_is_for_cuda(package_path, tmp_path, tiny_model):
+    package = load_package(for_another_device(package_path, tmp_path / "sam3.pt2"))
     assert package.backends == {"model": "exported", "transforms": "exported"}
     assert package.fallback_reason
     reference = load_package(package_path)
-    args = example_inputs(tiny_model.config, 2, 2, seed=3)
+    assert reference.backends == {"model": "aoti", "transforms": "aoti"}
+    images, token_ids = example_inputs(tiny_model.config, 2, 2, seed=3)
+    raw = torch.rand(2, 3, 97, 150) * 255
     with torch.no_grad():
-        for got, want in zip(package.model(*args), reference.model(*args)):
+        torch.testing.assert_close(package.transforms(raw), reference.transforms(raw), atol=1e-4, rtol=1e-5)
+        for got, want in zip(package.model(images, token_ids), reference.model(images, token_ids)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA package loads where CUDA is")
+def test_no_fallback_beside_an_unloadable_package_is_a_clear_error(package_path, tmp_path):
+    path = for_another_device(package_path, tmp_path / "sam3.pt2")
+    fallback_of(path).unlink()
+    with pytest.raises(PackageError, match="no exported-program fallback sam3.exported.pt2 beside"):
+        load_package(path)
 
 
 def test_aoti_runner_reads_permuted_inputs_correctly(package_path):
@@ -52,7 +94,7 @@ def test_aoti_runner_reads_permuted_inputs_correctly(package_path):
 
 
 def test_missing_package_is_a_clear_error(tmp_path):
-    with pytest.raises(PackageError, match="no package at .*uv run doit compile"):
+    with pytest.raises(PackageError, match="no package at .*uv run doit package"):
         load_package(tmp_path / "nothing.pt2")
 
 

@@ -5,15 +5,15 @@ import re
 import subprocess
 import sys
 
-from conftest import copy_repo, executed, run_doit
+from conftest import TINY, copy_repo, executed, run_doit
 
-STAGES = {"toolchain", "weights", "export", "compile", "verify", "render"}
+STAGES = {"toolchain", "weights", "export", "compile", "package", "verify", "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
-    art = built_repo / "artifacts" / "tiny"
-    for rel in ["weights/checkpoint/model.safetensors", "export/model.pt2", "export/transforms.pt2",
-                "package/sam3.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
+    art = built_repo / TINY
+    for rel in ["weights/checkpoint/model.safetensors", "export/programs.pt2", "export/program.json",
+                "compiled/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
                 "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
                 *(f"logs/{s}.log" for s in STAGES)]:
         assert (art / rel).exists(), rel
@@ -22,7 +22,7 @@ def test_first_run_builds_every_stage(built_repo):
     manifest = json.loads((art / "manifest.json").read_text())
     assert set(manifest["stages"]) == STAGES - {"toolchain"}  # the toolchain is per machine: doctor.json
     assert manifest["stages"]["verify"]["verified"] is True
-    package = manifest["stages"]["compile"]["outputs"]["package/sam3.pt2"]
+    package = manifest["stages"]["package"]["outputs"]["package/sam3.pt2"]
     assert package["bytes"] == (art / "package" / "sam3.pt2").stat().st_size
     assert manifest["stages"]["export"]["torch"] != "absent"
 
@@ -31,7 +31,7 @@ def test_second_run_executes_nothing(built_repo):
     proc = run_doit(built_repo, "device=cpu")
     assert executed(proc) == set()
     assert {line[3:].strip() for line in proc.stdout.splitlines() if line.startswith("-- ")} == STAGES
-    assert "artifacts/tiny/package/sam3.pt2" in proc.stdout  # where the results are
+    assert f"{TINY}/package/sam3.pt2" in proc.stdout  # where the results are
 
 
 def test_a_verify_tolerance_reruns_verify_alone(built_repo):
@@ -42,7 +42,7 @@ def test_a_verify_tolerance_reruns_verify_alone(built_repo):
         assert executed(run_doit(built_repo, "device=cpu")) == {"verify"}
     finally:
         config.write_text(text)
-    log = (built_repo / "artifacts" / "tiny" / "logs" / "verify.log").read_text()
+    log = (built_repo / TINY / "logs" / "verify.log").read_text()
     hits, total = map(int, re.search(r"eager reference: (\d+) of (\d+) from cache", log).groups())
     assert hits == total > 0  # the rerun did not run the eager model again
     run_doit(built_repo, "device=cpu")
@@ -57,7 +57,7 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(built_repo):
         assert proc.returncode != 0
         assert "failed: " in proc.stderr and "checks failed, worst: aoti" in proc.stderr
         assert "Traceback" not in proc.stdout + proc.stderr
-        manifest = json.loads((built_repo / "artifacts" / "tiny" / "manifest.json").read_text())
+        manifest = json.loads((built_repo / TINY / "manifest.json").read_text())
         assert manifest["stages"]["verify"]["verified"] is False
         assert "render" not in executed(proc)
     finally:
@@ -65,7 +65,7 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(built_repo):
     run_doit(built_repo, "device=cpu")
 
 
-def test_editing_the_export_code_reruns_export(built_repo):
+def test_editing_the_export_code_reruns_export_but_not_compile(built_repo):
     source = built_repo / "src" / "sam3_aoti" / "export.py"
     text = source.read_text()
     source.write_text(text + "\n# an edit\n")
@@ -74,8 +74,44 @@ def test_editing_the_export_code_reruns_export(built_repo):
     finally:
         source.write_text(text)
     assert "export" in ran and "weights" not in ran
-    # downstream stages rerun when the exported programs' bytes changed (doit compares file hashes)
+    assert "compile" not in ran  # the same program digest: AOTInductor's code is reused
     run_doit(built_repo, "device=cpu")
+
+
+def test_new_weights_repackage_without_recompiling(built_repo):
+    """Another seed: same architecture, other values. The compiled code stays; the package gets the new
+    weights blob in seconds, and verify (AOTI against eager with the new weights) passes."""
+    art = built_repo / TINY
+    config = built_repo / "pipeline.toml"
+    text = config.read_text()
+    index = (art / "compiled" / "index.json").read_bytes()
+    blob_before = json.loads((art / "manifest.json").read_text())["stages"]["package"]["outputs"]
+    config.write_text(text.replace("seed = 0", "seed = 1", 1))
+    try:
+        ran = executed(run_doit(built_repo, "device=cpu"))
+        assert "compile" not in ran and {"weights", "export", "package", "verify", "render"} <= ran
+        assert (art / "compiled" / "index.json").read_bytes() == index
+        assert json.loads((art / "verify" / "report.json").read_text())["passed"]
+        manifest = json.loads((art / "manifest.json").read_text())
+        assert manifest["stages"]["package"]["outputs"] != blob_before  # new weights in the package
+        assert manifest["stages"]["verify"]["verified"] is True
+        log = (art / "logs" / "package.log").read_text()
+        assert re.search(r"weights .* once", log)
+    finally:
+        config.write_text(text)
+    assert "compile" not in executed(run_doit(built_repo, "device=cpu"))
+
+
+def test_variants_build_side_by_side(built_repo):
+    """Each (profile, precision, device) has its own folder and doit state: looking at another variant
+    leaves this one up to date, and `doit list` says where each lives."""
+    other = run_doit(built_repo, "list", "--status", "profile=sam3", "weights=random", "device=cpu")
+    assert "[artifacts/sam3-fp32-cpu/]" in other.stdout
+    assert {line.split()[1] for line in other.stdout.splitlines() if line.startswith("R ")} >= {"compile", "package"}
+    mine = run_doit(built_repo, "list", "--status", "device=cpu")
+    assert f"[{TINY}/]" in mine.stdout
+    assert {line.split()[1] for line in mine.stdout.splitlines() if line.startswith("U ")} >= STAGES - {"toolchain"}
+    assert not (built_repo / "artifacts" / "sam3-fp32-cpu" / "package").exists()
 
 
 def test_bad_variable_is_one_line(tmp_path):
@@ -94,17 +130,20 @@ def test_list_does_not_import_torch(tmp_path):
 
 
 def test_logs_show_stage_and_elapsed_time(built_repo):
-    log = (built_repo / "artifacts" / "tiny" / "logs" / "compile.log").read_text()
+    log = (built_repo / TINY / "logs" / "compile.log").read_text()
     assert re.search(r"^\[compile +\d+\.\ds\] compiled model in", log, re.M)
 
 
 def test_bench_runs_alone_and_writes_a_table(built_repo):
     proc = run_doit(built_repo, "bench", "device=cpu")
     assert executed(proc) == {"bench"}  # the package is up to date: nothing upstream reruns
-    bench = json.loads((built_repo / "artifacts" / "tiny" / "bench" / "bench.json").read_text())
+    bench = json.loads((built_repo / TINY / "bench" / "bench.json").read_text())
     assert [(r["batch"], r["prompts"]) for r in bench["rows"]] == [(1, 1), (2, 3), (4, 4)]
     assert all(r["aoti_ms"] > 0 and r["eager_ms"] > 0 for r in bench["rows"])
-    assert "| 2 | 3 |" in (built_repo / "artifacts" / "tiny" / "bench" / "bench.md").read_text()
+    assert {"sam3_aoti load_package", "torch load_package model", "torch load_package transforms",
+            "load_pt2"} <= set(bench["load_seconds"])
+    assert all(seconds > 0 for seconds in bench["load_seconds"].values()) and bench["fallback_load_seconds"] > 0
+    assert "| 2 | 3 |" in (built_repo / TINY / "bench" / "bench.md").read_text()
 
 
 def test_a_missing_input_fails_the_stage_in_one_line(tmp_path):
@@ -113,4 +152,4 @@ def test_a_missing_input_fails_the_stage_in_one_line(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert out.count("failed: no package at") == 1
-    assert "log: artifacts/tiny/logs/bench.log" in out
+    assert f"log: {TINY}/logs/bench.log" in out

@@ -12,6 +12,8 @@ import torch
 from sam3_aoti import toolchain
 from sam3_aoti.errors import ToolchainError
 
+from conftest import TINY
+
 needs_cuda_torch = pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA toolkit to set up")
 
 
@@ -140,7 +142,7 @@ def test_env_file_reaches_the_compile_stage(built_repo):
     from sam3_aoti.package import load_package
 
     env = toolchain.read_env_file(built_repo / "env" / "cuda.env", {"PATH": ""})
-    metadata = load_package(built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2", prefer_aoti=False).metadata
+    metadata = load_package(built_repo / TINY / "package" / "sam3.pt2", prefer_aoti=False).metadata
     assert metadata["toolchain"]["CUDA_HOME"] == env.get("CUDA_HOME")
     doctor = json.loads((built_repo / "artifacts" / "toolchain" / "doctor.json").read_text())
     assert doctor["probe"]["ok"] and doctor["verdict"] == "ok"

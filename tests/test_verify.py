@@ -13,6 +13,8 @@ from sam3_aoti.metrics import compare, mask_iou
 from sam3_aoti.model import ImageTransforms, Sam3Grounding
 from sam3_aoti.package import load_package
 
+from conftest import TINY
+
 
 class Perturbed:
     """A package whose model drifts: boxes shift by 0.01 and mask logits flip sign on one query."""
@@ -30,10 +32,10 @@ class Perturbed:
 
 def test_a_perturbed_package_fails_the_gates(built_repo, tmp_path):
     settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
-    package = load_package(built_repo / "artifacts" / "tiny" / "package" / "sam3.pt2")
+    package = load_package(built_repo / TINY / "package" / "sam3.pt2")
     from transformers import Sam3Model
 
-    model = Sam3Model.from_pretrained(built_repo / "artifacts" / "tiny" / "weights" / "checkpoint").eval()
+    model = Sam3Model.from_pretrained(built_repo / TINY / "weights" / "checkpoint").eval()
     eager = Sam3Grounding(model).eval()
     transforms = ImageTransforms(model.config.vision_config.backbone_config.image_size)
     cases = load_cases()[:2]

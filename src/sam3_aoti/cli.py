@@ -1,7 +1,8 @@
-"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...`: run a built package on one image.
+"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...` runs a built package on one image;
+`sam3-aoti info PACKAGE [--json]` says what a package holds.
 
-Tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) * sigmoid(presence),
-threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
+predict: tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) *
+sigmoid(presence), threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def outputs_of(output: Path) -> tuple[Path, Path]:
     return output.parent / f"{output.name}.png", output.parent / f"{output.name}.json"
 
 
+def show_info(path: Path, as_json: bool) -> None:
+    from .package import archive_info, format_info
+
+    try:
+        info = archive_info(path)
+    except Sam3AotiError as e:
+        print(f"sam3-aoti: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(info, indent=2) if as_json else format_info(info))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="sam3-aoti", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,7 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
     run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
     run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
+    info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
+    info.add_argument("package", type=Path, help="the .pt2 archive")
+    info.add_argument("--json", action="store_true", help="print JSON for machines")
     args = parser.parse_args(argv)
+    if args.command == "info":
+        show_info(args.package, args.json)
+        return
     if not 0.0 <= args.threshold <= 1.0:
         parser.error("--threshold must be between 0 and 1")
     output = args.output or Path(f"{args.image.stem}_sam3")

@@ -1,11 +1,22 @@
-"""Stage `compile`: AOTInductor-compile both exported programs into one PT2 archive with metadata."""
+"""Stage `compile`: AOTInductor-compile both exported programs into code that holds no weights.
+
+The compiled files depend on the program digest (graphs, signatures, weight layouts), never on the
+weights' values: every tensor stays a constant of the model (none is inlined into a kernel) and the
+constants live in a separate blob, which the `package` stage rebuilds from whatever weights the exported
+programs hold. A new seed or checkpoint of the same architecture so re-packages in seconds, without
+running AOTInductor again.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
+import re
+import shutil
 import time
+from pathlib import Path
 
 from .artifacts import atomic_output, human_size, record, sha256
 from .config import Settings
@@ -14,9 +25,19 @@ from .paths import ProfilePaths
 
 log = logging.getLogger("sam3_aoti")
 
+# Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
+# alike); no tensor constant folded into generated code, so the code is independent of weight values.
+AOTI_OPTIONS = {
+    "aot_inductor.package": True,
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "binary_blob",
+    "always_keep_tensor_constants": True,
+}
+BLOB_SUFFIX = "_weights.blob"
 
-def aoti_compile(program, options: dict) -> list:
-    """AOTInductor files for one exported program, ready for `package_pt2`."""
+
+def aoti_compile(program, options: dict) -> list[str]:
+    """AOTInductor's files for one exported program (the weights blob among them)."""
     import torch
 
     try:
@@ -24,7 +45,21 @@ def aoti_compile(program, options: dict) -> list:
     except TypeError:  # torch 2.10 has no check_guards
         gm = program.module()
     args, kwargs = program.example_inputs
-    return torch._inductor.aot_compile(gm, args, kwargs, options={**options, "aot_inductor.package": True})
+    return torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
+
+
+_CONSTANT_FIELD = re.compile(r"constants_info_\[(\d+)\]\.(name|original_fqn|data_size|from_folded|device_type) = (.+);")
+
+
+def constants_table(wrapper_cpp: str) -> list[dict]:
+    """The blob's layout as the generated wrapper declares it: constants in order, each with the exported
+    program's name for it (`original_fqn`), its byte size and device."""
+    table: dict[int, dict] = {}
+    for index, key, value in _CONSTANT_FIELD.findall(wrapper_cpp):
+        table.setdefault(int(index), {})[key] = value.strip('"')
+    rows = [table[i] for i in sorted(table)]
+    return [{"name": r["name"], "fqn": r.get("original_fqn", ""), "bytes": int(r["data_size"]),
+             "folded": r["from_folded"] == "true", "cuda": r["device_type"].endswith("_cuda")} for r in rows]
 
 
 def platform_info(device: str) -> dict:
@@ -48,89 +83,64 @@ def platform_info(device: str) -> dict:
     return info
 
 
-def build_metadata(settings: Settings, exported_model, paths: ProfilePaths, inductor: dict) -> dict:
-    import transformers
+def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> dict:
+    """Copy one model's compiled files (all but the blob) to `dest`, and check that the package stage's
+    blob writer reproduces AOTInductor's blob byte for byte from the exported archive."""
+    from .weights_blob import write_weights_blob
 
-    from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
-    from .tokenizer import CONTEXT_LENGTH, END, PAD, START
-
-    images, token_ids = exported_model.example_inputs[0]
-    outputs = exported_model.module()(images, token_ids)
-    n = images.shape[0] * token_ids.shape[0]
-    return {
-        "format": "sam3-aoti/1",
-        "profile": settings.profile,
-        "weights": settings.weights,
-        "random_weights": settings.weights == "random",
-        "precision": settings.precision,
-        "device": settings.device,
-        "models": {
-            "model": {
-                "inputs": {
-                    "images": {"shape": ["batch", 3, images.shape[2], images.shape[3]], "dtype": "float32"},
-                    "token_ids": {"shape": ["num_prompts", CONTEXT_LENGTH], "dtype": "int64"},
-                },
-                "outputs": {
-                    name: {"shape": ["batch*num_prompts", *o.shape[1:]], "dtype": str(o.dtype).removeprefix("torch.")}
-                    for name, o in zip(OUTPUT_NAMES, outputs) if n == o.shape[0]
-                },
-                "output_order": list(OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
-                "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
-                "pairing": "pair i = (image i // num_prompts, prompt i % num_prompts)",
-            },
-            "transforms": {
-                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32", "range": [0, 255]}},
-                "outputs": {"images": {"shape": ["batch", 3, images.shape[2], images.shape[3]], "dtype": "float32"}},
-                "normalize": {"mean": IMAGE_MEAN, "std": IMAGE_STD, "after_scale": 1 / 255},
-                "resize": "bilinear, antialias",
-            },
-        },
-        "box_format": "cxcywh, normalized to [0, 1]",
-        "mask_format": "logits; > 0 is foreground",
-        "score": "sigmoid(pred_logits) * sigmoid(presence_logit_dec)",
-        "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
-                      "vocab_file": "tokenizer/bpe_simple_vocab_16e6.txt", "attention_mask": "token_ids != 0"},
-        "versions": {**platform_info(settings.device), "transformers": transformers.__version__},
-        "inductor_options": inductor,
-        "toolchain": {k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "SAM3_AOTI_TOOLCHAIN_FIX")},
-        "inputs_sha256": {
-            "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
-            "exported_model": sha256(paths.exported_model),
-            "exported_transforms": sha256(paths.exported_transforms),
-        },
-    }
+    paths = [Path(f) for f in files if isinstance(f, str) and f]
+    blobs = [p for p in paths if p.name.endswith(BLOB_SUFFIX)]
+    wrappers = [p for p in paths if p.name.endswith(".wrapper.cpp")]
+    if len(blobs) != 1 or len(wrappers) != 1:
+        raise CompileError(f"AOTInductor gave {name} {len(blobs)} weight blobs and {len(wrappers)} wrappers, "
+                           "expected one of each: this torch version packages weights differently")
+    constants = constants_table(wrappers[0].read_text())
+    dest.mkdir(parents=True)
+    for p in paths:
+        if p not in blobs:
+            shutil.copy2(p, dest / p.name)
+    entry = {"files": sorted(p.name for p in paths if p not in blobs), "blob": blobs[0].name,
+             "constants": constants, "blob_bytes": blobs[0].stat().st_size}
+    rebuilt = dest.parent / f".{name}.check.blob"
+    try:
+        write_weights_blob(exported, name, entry, rebuilt)
+        if sha256(rebuilt) != sha256(blobs[0]):
+            raise CompileError(f"the weights blob rebuilt for {name} differs from AOTInductor's: re-packaging new "
+                               "weights would be wrong with this torch version")
+    finally:
+        rebuilt.unlink(missing_ok=True)
+    return entry
 
 
 def run(settings: Settings) -> None:
-    import torch
-
-    from .package import load_package, write_package
+    from torch.export.pt2_archive._package import load_pt2
 
     paths = ProfilePaths.of(settings)
     inductor = dict(settings.stage("compile").get("inductor", {}))
-    exported = {"model": torch.export.load(paths.exported_model), "transforms": torch.export.load(paths.exported_transforms)}
-    aoti_files, seconds = {}, {}
-    for name, program in exported.items():
-        log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)
-        t0 = time.perf_counter()
-        try:
-            aoti_files[name] = aoti_compile(program, inductor)
-        except Exception as e:
-            raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
-                               "(run `uv run doit toolchain` to check the compiler setup)") from None
-        seconds[name] = round(time.perf_counter() - t0, 1)
-        log.info("compiled %s in %.1f s", name, seconds[name])
-
-    metadata = build_metadata(settings, exported["model"], paths, inductor)
-    with atomic_output(paths.package) as tmp:
-        write_package(tmp, exported, aoti_files, metadata, paths.tokenizer_merges.read_text())
-        package = load_package(tmp)  # a package that does not load is not a package
-        if set(package.backends.values()) != {"aoti"}:
-            raise CompileError(f"the fresh package's AOTI models do not load ({package.fallback_reason})")
-    size = paths.package.stat().st_size
-    log.info("package %s (%s)", paths.package, human_size(size))
-    record(paths.manifest, "compile", [paths.package], {
-        "compile_seconds": seconds, **settings.fingerprint("compile"),
+    digest = json.loads(paths.program_digest.read_text())
+    programs = load_pt2(str(paths.exported)).exported_programs
+    index = {"program_sha256": digest["sha256"], "inductor_options": inductor,
+             "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
+             "toolchain": {k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "SAM3_AOTI_TOOLCHAIN_FIX")}}
+    with atomic_output(paths.compiled) as tmp:
+        for name in ("model", "transforms"):
+            log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)
+            t0 = time.perf_counter()
+            try:
+                files = aoti_compile(programs[name], inductor)
+            except Exception as e:
+                raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
+                                   "(run `uv run doit toolchain` to check the compiler setup)") from None
+            index["compile_seconds"][name] = round(time.perf_counter() - t0, 1)
+            log.info("compiled %s in %.1f s", name, index["compile_seconds"][name])
+            index["models"][name] = keep_compiled(name, files, paths.exported, tmp / name)
+            code = sum((tmp / name / f).stat().st_size for f in index["models"][name]["files"])
+            log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,
+                     human_size(code), human_size(index["models"][name]["blob_bytes"]))
+        (tmp / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    record(paths.manifest, "compile", [paths.compiled_index], {
+        "compile_seconds": index["compile_seconds"], "program_sha256": digest["sha256"],
+        **settings.fingerprint("compile"),
     })
 
 

@@ -47,6 +47,11 @@ class Settings:
         return self.tables.get(name, {})
 
     @property
+    def variant(self) -> str:
+        """The build's folder name under artifacts/: variants of precision or device never share one."""
+        return f"{self.profile}-{self.precision}-{self.device}"
+
+    @property
     def architecture(self) -> str:
         return self.tables["profiles"][self.profile]["architecture"]
 

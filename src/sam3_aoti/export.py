@@ -6,10 +6,14 @@ one specialization only shows up at run time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+import zipfile
+from pathlib import Path
 
-from .artifacts import atomic_output, human_size, record
+from .artifacts import atomic_output, human_size, record, write_text_atomic
 from .config import Settings
 from .errors import ExportError, first_line
 from .paths import ProfilePaths
@@ -90,13 +94,64 @@ def run(settings: Settings) -> None:
     check_image = torch.rand(1, 3, 97, 150, device=device) * 255
     check_against_eager("transforms", transforms_ep, transforms, (check_image,), 1e-5)
 
-    for program, target in [(model_ep, paths.exported_model), (transforms_ep, paths.exported_transforms)]:
-        with atomic_output(target) as tmp:
-            torch.export.save(program, tmp)
-        log.info("saved %s (%s)", target, human_size(target.stat().st_size))
-    record(paths.manifest, "export", [paths.exported_model, paths.exported_transforms], {
+    programs = {"model": model_ep, "transforms": transforms_ep}
+    with atomic_output(paths.exported) as tmp:
+        save_programs(programs, tmp)
+    log.info("saved %s (%s)", paths.exported, human_size(paths.exported.stat().st_size))
+    digest = program_digest(paths.exported, programs)
+    changed = write_if_changed(paths.program_digest, json.dumps(digest, indent=2, sort_keys=True) + "\n")
+    log.info("program digest %s (%s)", digest["sha256"][:12],
+             "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
+    record(paths.manifest, "export", [paths.exported, paths.program_digest], {
         "export_seconds": round(export_s, 2), "image_size": image_size, **settings.fingerprint("export"),
     })
+
+
+def save_programs(programs: dict, path) -> None:
+    from torch.export.pt2_archive._package import package_pt2
+
+    package_pt2(str(path), exported_programs=programs)
+
+
+# Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
+# compiled code does not depend on them, so the program digest leaves them out.
+VALUE_ENTRIES = ("data/weights/weight_", "data/constants/tensor_", "data/sample_inputs/", ".data/serialization_id")
+
+
+def program_digest(archive: Path, programs: dict) -> dict:
+    """Everything AOTInductor's output depends on, and nothing it does not: the serialized graphs,
+    signatures, dynamic ranges and weight layouts (dtype, shape, stride, offset), plus the example shapes
+    it tunes for. A new seed or checkpoint of the same architecture gives the same digest."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(archive) as zf:
+        for name in sorted(zf.namelist()):
+            inner = name.split("/", 1)[1]
+            if not inner.startswith(VALUE_ENTRIES):
+                h.update(inner.encode() + b"\0" + zf.read(name) + b"\0")
+    signature = {name: io_signature(program) for name, program in programs.items()}
+    h.update(json.dumps(signature, sort_keys=True).encode())
+    return {"sha256": h.hexdigest(), "programs": signature}
+
+
+def io_signature(program) -> dict:
+    """Input and output shapes and dtypes at the trace example (the metadata of the package)."""
+    import torch
+
+    args, _ = program.example_inputs
+    with torch.no_grad():
+        outputs = program.module()(*args)
+    outputs = (outputs,) if torch.is_tensor(outputs) else outputs
+    described = [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in outputs]
+    return {"example_inputs": [{"shape": list(a.shape), "dtype": str(a.dtype).removeprefix("torch.")} for a in args],
+            "outputs": described}
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Leave an equal file untouched, so its consumers see no change at all (early cutoff)."""
+    if path.exists() and path.read_text() == text:
+        return False
+    write_text_atomic(path, text)
+    return True
 
 
 if __name__ == "__main__":

@@ -1,21 +1,28 @@
-"""The PT2 archive: write it, and load it with nothing but torch.
+"""The PT2 archive: stage `package` writes it, `load_package` loads it with nothing but torch.
 
-One archive holds the AOTI models `model` and `transforms`, the same two as exported programs (the
-fallback), `metadata.json` and the tokenizer's merges. `load_package` returns callables by name, AOTI
-runners first, exported programs second.
+`sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code plus one weights blob each),
+`metadata.json` and the tokenizer's merges: every consumer (`load_pt2`, torch's `load_package`, the C++
+`AOTIModelPackageLoader`) loads it in about a second. The exported programs, the fallback where the AOTI
+part cannot load, sit beside it in `sam3.exported.pt2`: kept in the main archive, `load_pt2` would
+deserialize them (and a second copy of the weights) on every load.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
+from .artifacts import atomic_output, human_size, record
 from .errors import PackageError, first_line
+from .paths import ProfilePaths, fallback_of
+from .weights_blob import write_weights_blob
 
 METADATA_FILE = "metadata.json"
 VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
@@ -24,15 +31,114 @@ MODEL_NAMES = ("model", "transforms")
 log = logging.getLogger("sam3_aoti")
 
 
-def write_package(path: Path, exported: dict, aoti_files: dict, metadata: dict, merges_text: str) -> None:
+def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, blob_sha256: dict) -> dict:
+    from .artifacts import sha256
+    from .config import package_version
+    from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
+    from .tokenizer import CONTEXT_LENGTH, END, PAD, START
+
+    model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
+    images, _ = model_io["example_inputs"]
+    side = images["shape"][2:]
+    return {
+        "format": "sam3-aoti/2",
+        "profile": settings.profile,
+        "variant": settings.variant,
+        "weights": settings.weights,
+        "random_weights": settings.weights == "random",
+        "precision": settings.precision,
+        "device": settings.device,
+        "models": {
+            "model": {
+                "inputs": {
+                    "images": {"shape": ["batch", 3, *side], "dtype": "float32"},
+                    "token_ids": {"shape": ["num_prompts", CONTEXT_LENGTH], "dtype": "int64"},
+                },
+                "outputs": {name: {"shape": ["batch*num_prompts", *o["shape"][1:]], "dtype": o["dtype"]}
+                            for name, o in zip(OUTPUT_NAMES, model_io["outputs"])},
+                "output_order": list(OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
+                "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
+                "pairing": "pair i = (image i // num_prompts, prompt i % num_prompts)",
+            },
+            "transforms": {
+                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32", "range": [0, 255]}},
+                "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
+                "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
+                "normalize": {"mean": IMAGE_MEAN, "std": IMAGE_STD, "after_scale": 1 / 255},
+                "resize": "bilinear, antialias",
+            },
+        },
+        "box_format": "cxcywh, normalized to [0, 1]",
+        "mask_format": "logits; > 0 is foreground",
+        "score": "sigmoid(pred_logits) * sigmoid(presence_logit_dec)",
+        "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
+                      "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0"},
+        "versions": {**index["platform"], "transformers": package_version("transformers")},
+        "inductor_options": index["inductor_options"],
+        "toolchain": index["toolchain"],
+        "fallback": fallback_of(paths.package).name,
+        "inputs_sha256": {
+            "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
+            "program": program["sha256"],
+            "weights_blob": blob_sha256,
+        },
+    }
+
+
+def check_aoti_loads(path: Path) -> None:
+    """A package whose AOTI models do not load here, where they were built, is no package."""
+    try:
+        load_aoti_runners(path)
+    except Exception as e:
+        raise PackageError(f"the fresh package's AOTI models do not load: {first_line(e)}") from None
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """The fallback is the export stage's archive as it is: a hard link where the filesystem allows."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def run(settings) -> None:
+    """Stage `package`: compiled code + the exported programs' current weights -> sam3.pt2 (seconds)."""
     from torch.export.pt2_archive._package import package_pt2
 
-    package_pt2(
-        str(path),
-        exported_programs=exported,
-        aoti_files=aoti_files,
-        extra_files={METADATA_FILE: json.dumps(metadata, indent=2, sort_keys=True), VOCAB_FILE: merges_text},
-    )
+    from .artifacts import sha256
+
+    paths = ProfilePaths.of(settings)
+    index = json.loads(paths.compiled_index.read_text())
+    program = json.loads(paths.program_digest.read_text())
+    if index["program_sha256"] != program["sha256"]:
+        raise PackageError("the compiled code is for another exported program: run `uv run doit compile`")
+    t0 = time.perf_counter()
+    with atomic_output(paths.fallback_package) as tmp:
+        link_or_copy(paths.exported, tmp)
+    with atomic_output(paths.package) as tmp:
+        aoti_files, blob_sha256 = {}, {}
+        for name in MODEL_NAMES:
+            compiled = index["models"][name]
+            blob = tmp.parent / compiled["blob"]
+            if write_weights_blob(paths.exported, name, compiled, blob):
+                blob_sha256[name] = sha256(blob)
+                log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
+            # A model without constants gets no blob: torch's loader fails to mmap an empty one.
+            aoti_files[name] = [str(paths.compiled / name / f) for f in compiled["files"]] + \
+                               ([str(blob)] if compiled["blob_bytes"] else [])
+        metadata = build_metadata(settings, paths, index, program, blob_sha256)
+        package_pt2(str(tmp), aoti_files=aoti_files,
+                    extra_files={METADATA_FILE: json.dumps(metadata, indent=2, sort_keys=True),
+                                 VOCAB_FILE: paths.tokenizer_merges.read_text()})
+        log.info("archive written; checking that its AOTI models load")
+        check_aoti_loads(tmp)
+    weights = sum(index["models"][n]["blob_bytes"] for n in MODEL_NAMES)
+    log.info("package %s (%s: weights %s once, code and metadata %s) in %.1f s; fallback %s", paths.package,
+             human_size(paths.package.stat().st_size), human_size(weights),
+             human_size(paths.package.stat().st_size - weights), time.perf_counter() - t0, paths.fallback_package.name)
+    record(paths.manifest, "package", [paths.package, paths.fallback_package], {
+        "weights_bytes": weights, "program_sha256": program["sha256"], **settings.fingerprint("package"),
+    })
 
 
 @dataclass
@@ -41,14 +147,16 @@ class Sam3Package:
     backends: dict[str, str]  # name -> "aoti" | "exported"
     metadata: dict
     merges_text: str
+    path: Path
     fallback_reason: str | None = None
     exported: dict = field(default_factory=dict, repr=False)
 
     def exported_only(self) -> "Sam3Package":
-        """The same package through its exported programs (the fallback path), without reloading it."""
-        runners = {name: program.module() for name, program in self.exported.items()}
+        """The same package through its exported programs (the fallback beside it)."""
+        exported = self.exported or load_exported(self.path)
+        runners = {name: exported[name].module() for name in MODEL_NAMES}
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
-                           self.fallback_reason, self.exported)
+                           self.path, self.fallback_reason, exported)
 
     def __getitem__(self, name: str) -> Callable:
         return self.runners[name]
@@ -61,7 +169,7 @@ class Sam3Package:
     def transforms(self) -> Callable:
         return self.runners["transforms"]
 
-    def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+    def encode_prompts(self, prompts: list[str]):
         from .tokenizer import encode_prompts
 
         return encode_prompts(prompts, self.merges_text)
@@ -78,46 +186,139 @@ class _ContiguousInputs:
         return self.runner(*(a.contiguous() for a in args))
 
 
-def _read_exported_programs(path: Path) -> tuple[dict, dict]:
-    """Exported programs and extra files only: the fallback when the AOTI part cannot load."""
-    from torch.export.pt2_archive._package import (
-        PT2ArchiveReader,
-        _load_exported_programs,
-        _load_extra_files,
-    )
+def _read_extra_files(path: Path) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        root = archive.namelist()[0].split("/", 1)[0]
+        return {name: archive.read(f"{root}/extra/{name}").decode() for name in (METADATA_FILE, VOCAB_FILE)
+                if f"{root}/extra/{name}" in archive.namelist()}
 
-    with PT2ArchiveReader(str(path)) as reader:
-        names = reader.get_file_names()
-        return _load_exported_programs(reader, names, None), _load_extra_files(reader, names)
+
+def load_aoti_runners(path: Path) -> dict:
+    """The AOTI models straight from torch's C++ package loader. torch's Python loaders (`load_pt2`,
+    `torch._inductor.package.load_package`) first probe the CPU's vector ISA for a device-mismatch warning,
+    compiling and loading test libraries in `python -c "import torch"` subprocesses: 20-40 s on the H200,
+    for CUDA packages too. The loader itself takes under a second."""
+    import torch
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+    return {name: AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), name, False, 1, -1))
+            for name in MODEL_NAMES}
+
+
+def load_exported(path: Path) -> dict:
+    """The exported programs from the fallback archive beside the package."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    fallback = fallback_of(path)
+    if not fallback.is_file():
+        raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
+                           "rebuild it with `uv run doit package`")
+    programs = load_pt2(str(fallback)).exported_programs
+    missing = [n for n in MODEL_NAMES if n not in programs]
+    if missing:
+        raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
+    return programs
 
 
 def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
-    """Callables by name: AOTI runners where they load, the exported programs otherwise."""
-    import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages)
-    from torch.export.pt2_archive._package import load_pt2
+    """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise."""
+    import torch
+
+    if torch.__version__ < "2.11":
+        import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages; 3 s)
 
     path = Path(path)
     if not path.is_file():
-        raise PackageError(f"no package at {path}: build it with `uv run doit compile`")
-    fallback_reason = None
-    aoti: dict = {}
+        raise PackageError(f"no package at {path}: build it with `uv run doit package`")
+    fallback_reason, aoti, exported = None, {}, {}
+    extra = _read_extra_files(path)
     if prefer_aoti:
         try:
-            contents = load_pt2(str(path))
-            aoti, exported, extra = contents.aoti_runners, contents.exported_programs, contents.extra_files
+            aoti = load_aoti_runners(path)
         except Exception as e:  # a package built for another device/ABI: use the exported programs
             fallback_reason = first_line(e)
-            log.warning("AOTI models of %s did not load (%s); using exported programs", path.name, fallback_reason)
+            log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
-        exported, extra = _read_exported_programs(path)
+        exported = load_exported(path)
     runners, backends = {}, {}
     for name in MODEL_NAMES:
         if name in aoti:
             runners[name], backends[name] = _ContiguousInputs(aoti[name]), "aoti"
-        elif name in exported:
+        else:
             runners[name], backends[name] = exported[name].module(), "exported"
-    missing = [n for n in MODEL_NAMES if n not in runners]
-    if missing:
-        raise PackageError(f"{path} holds no {', '.join(missing)} model: rebuild it with `uv run doit compile`")
     return Sam3Package(runners, backends, json.loads(extra.get(METADATA_FILE, "{}")), extra.get(VOCAB_FILE, ""),
-                       fallback_reason, {n: exported[n] for n in MODEL_NAMES if n in exported})
+                       path, fallback_reason, exported)
+
+
+def archive_info(path: str | Path) -> dict:
+    """What a package holds, read from the zip alone (no torch, no native code run): models and backends,
+    inputs and outputs, dynamic dims, precision, the GPU it was built for, versions, weights hash, sizes."""
+    path = Path(path)
+    if not path.is_file():
+        raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = {i.filename.split("/", 1)[-1]: i for i in archive.infolist()}
+            if archive.read(entries["archive_format"]) != b"pt2":
+                raise KeyError("archive_format")
+            metadata = json.loads(archive.read(entries[f"extra/{METADATA_FILE}"]))
+            aoti = {}
+            for name, item in entries.items():
+                if name.startswith("data/aotinductor/"):
+                    model, file = name.split("/")[2:4]
+                    part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
+                    part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
+                    if file.endswith(".wrapper_metadata.json"):
+                        built = json.loads(archive.read(item))
+                        part.update(device=built.get("AOTI_DEVICE_KEY"),
+                                    compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
+        reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
+        raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
+    fallback = fallback_of(path)
+    models = {}
+    for name, described in metadata.get("models", {}).items():
+        backends = (["aoti"] if name in aoti else []) + (["exported (fallback)"] if fallback.is_file() else [])
+        models[name] = {**described, "backends": backends, **aoti.get(name, {})}
+    versions = metadata.get("versions", {})
+    return {
+        "path": str(path), "bytes": path.stat().st_size, "format": metadata.get("format"),
+        "profile": metadata.get("profile"), "precision": metadata.get("precision"), "device": metadata.get("device"),
+        "gpu": versions.get("gpu"), "compute_capability": versions.get("compute_capability"),
+        "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},
+        "weights": metadata.get("weights"), "weights_sha256": metadata.get("inputs_sha256", {}).get("weights_blob"),
+        "fallback": {"path": str(fallback), "bytes": fallback.stat().st_size} if fallback.is_file() else None,
+        "models": models,
+    }
+
+
+def format_info(info: dict) -> str:
+    """`sam3-aoti info` for people."""
+    built = info["gpu"] and f"{info['gpu']} (compute capability {info['compute_capability']})"
+    lines = [f"{info['path']}: {human_size(info['bytes'])}, {info['format']}, profile {info['profile']}, "
+             f"{info['precision']} on {info['device']}{', built on ' + built if built else ''}",
+             "versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)]
+    fallback = info["fallback"]
+    lines.append(f"fallback: {Path(fallback['path']).name} ({human_size(fallback['bytes'])})" if fallback
+                 else "fallback: none beside it (AOTI only)")
+    lines.append(f"weights: {info['weights']}")
+    for name, model in info["models"].items():
+        sizes = f"code {human_size(model.get('code_bytes', 0))}, weights {human_size(model.get('weights_bytes', 0))}"
+        lines.append(f"{name}: backends {', '.join(model['backends']) or 'none'}; {sizes}; "
+                     f"weights sha256 {(info['weights_sha256'] or {}).get(name, '?')[:16]}")
+        dims = ", ".join(f"{d} >= {r['min']}" for d, r in model.get("dynamic_dims", {}).items())
+        if dims:
+            lines.append(f"  dynamic: {dims}")
+        for kind in ("inputs", "outputs"):
+            order = model.get("output_order", []) if kind == "outputs" else []
+            names = order + [n for n in model.get(kind, {}) if n not in order]
+            for n in names:
+                t = model[kind][n]
+                lines.append(f"  {kind[:-1]:6} {n:20} {t['dtype']:9} [{', '.join(map(str, t['shape']))}]")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from .stage import main
+
+    main("package", run, __doc__.splitlines()[0])

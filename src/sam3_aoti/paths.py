@@ -1,4 +1,4 @@
-"""Every generated file's path, in one place. Profiles never share a folder."""
+"""Every generated file's path, in one place. Variants (profile, precision, device) never share a folder."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ProfilePaths:
-    root: Path  # artifacts/<profile>
+    root: Path  # artifacts/<profile>-<precision>-<device>
 
     @classmethod
     def of(cls, settings) -> "ProfilePaths":
-        return cls(settings.artifacts_root / settings.profile)
+        return cls(settings.artifacts_root / settings.variant)
 
     @property
     def checkpoint(self) -> Path:
@@ -29,16 +29,31 @@ class ProfilePaths:
         return self.root / "weights" / "tokenizer_merges.txt"
 
     @property
-    def exported_model(self) -> Path:
-        return self.root / "export" / "model.pt2"
+    def exported(self) -> Path:
+        """Both exported programs (`model`, `transforms`) with their weights, in one PT2 archive."""
+        return self.root / "export" / "programs.pt2"
 
     @property
-    def exported_transforms(self) -> Path:
-        return self.root / "export" / "transforms.pt2"
+    def program_digest(self) -> Path:
+        """What the compiled code depends on: graphs, signatures, weight layouts; not the weights' values."""
+        return self.root / "export" / "program.json"
+
+    @property
+    def compiled(self) -> Path:
+        """AOTInductor's files per model, without weights: reused while program.json stays the same."""
+        return self.root / "compiled"
+
+    @property
+    def compiled_index(self) -> Path:
+        return self.compiled / "index.json"
 
     @property
     def package(self) -> Path:
         return self.root / "package" / "sam3.pt2"
+
+    @property
+    def fallback_package(self) -> Path:
+        return fallback_of(self.package)
 
     @property
     def verify_report_json(self) -> Path:
@@ -87,3 +102,9 @@ class ProfilePaths:
 
     def log(self, stage: str) -> Path:
         return self.root / "logs" / f"{stage}.log"
+
+
+def fallback_of(package: Path) -> Path:
+    """The exported-program fallback beside a package: sam3.pt2 -> sam3.exported.pt2."""
+    package = Path(package)
+    return package.with_name(f"{package.stem}.exported.pt2")
