@@ -2,10 +2,13 @@
 
 A synthetic model with SAM3's weight volume (24 bf16 Linear(5120, 5120), 1.26 GB) is AOT-compiled three ways:
 weights in the shared object (torch's default), appended to it and mmapped (`force_mmap_weights`), and in a
-separate blob (`binary_blob`, what `compile` does). Each package is then loaded in a fresh process.
+separate blob (`binary_blob`, what `compile` does). Each package is then loaded in a fresh process by torch's
+C++ loader (what `sam3_aoti.package.load_package` uses), and the blob package also by torch's Python loaders,
+with and without their CPU vector-ISA probe (TORCHINDUCTOR_VEC_ISA_OK=0).
 Usage: python scripts/probe_load.py OUTDIR     (prints one line per measurement)
 """
 
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +30,14 @@ t1 = time.perf_counter()
 loader.boxed_run([torch.randn(8, 5120, device="cuda", dtype=torch.bfloat16)])
 torch.cuda.synchronize()
 print(f"load {t1 - t0:.2f} s, first run {time.perf_counter() - t1:.2f} s")
+"""
+PYTHON_LOAD = """
+import sys, time, torch
+torch.zeros(1, device="cuda")
+from torch._inductor.package import load_package
+t0 = time.perf_counter()
+load_package(sys.argv[1], "model")
+print(f"torch load_package {time.perf_counter() - t0:.2f} s")
 """
 
 
@@ -53,9 +64,10 @@ def main() -> None:
         for attempt in (1, 2):
             proc = subprocess.run([sys.executable, "-c", LOAD, str(out / f"{name}.pt2")], capture_output=True, text=True)
             print(f"{name} #{attempt}: {proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]}", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(["unzip", "-q", "-o", str(out / "blob.pt2"), "-d", str(out / "unzipped")], check=False)
-    print(f"unzip of blob.pt2 to disk {time.perf_counter() - t0:.2f} s", flush=True)
+    for env in ({}, {"TORCHINDUCTOR_VEC_ISA_OK": "0"}):
+        proc = subprocess.run([sys.executable, "-c", PYTHON_LOAD, str(out / "blob.pt2")], capture_output=True,
+                              text=True, env={**os.environ, **env})
+        print(f"blob {env or 'default env'}: {proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def test_the_package_stores_the_weights_once_and_no_exported_program(package_pat
     with zipfile.ZipFile(built_repo / TINY / "export" / "programs.pt2") as archive:  # the tensors the graphs use
         tensors = sum(i.file_size for i in archive.infolist()
                       if i.filename.split("/", 1)[1].startswith(("data/weights/weight_", "data/constants/tensor_")))
-    assert tensors <= sum(blobs.values()) <= 1.05 * tensors
+    assert 0.9 * tensors <= sum(blobs.values()) <= 1.05 * tensors  # once (unused tensors are dropped)
     code = sum(size for n, size in inner.items() if n.startswith("data/aotinductor/") and n not in blobs)
     assert package_path.stat().st_size <= 1.05 * (sum(blobs.values()) + code) + 2e6  # + metadata and vocabulary
 
