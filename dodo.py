@@ -8,18 +8,21 @@ import os
 import shutil
 from pathlib import Path
 
-from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, stage_task
+from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task
+from tasks.runs import guard
 from sam3_aoti.config import DEFAULT_CASES
+from sam3_aoti.integrity import digest_file
 from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
 from sam3_aoti.toolchain import PIN_TABLE, doctor_path
 
 DOIT_CONFIG = {
     "default_tasks": ["toolchain", "render"],
-    "dep_file": str(PATHS.root / ".doit.db"),  # one state file per variant: switching never rebuilds
+    "dep_file": str(PATHS.root / ".doit.json"),  # one state file per variant: switching never rebuilds
+    "backend": "json",  # saved after every task (tasks.runs): an interrupted run loses only its current task
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
 }
-PATHS.root.mkdir(parents=True, exist_ok=True)
+guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit's state saved per task
 
 
 def task_toolchain():
@@ -63,7 +66,7 @@ def task_package():
     return stage_task("package", "Compiled code + current weights (one copy) -> sam3.pt2; exported fallback beside it",
                       ["model", "tokenizer", "weights_blob"], [PATHS.compiled_index, PATHS.exported, PATHS.program_digest,
                                                PATHS.tokenizer_merges, *PATHS.checkpoint_files],
-                      [PATHS.package, PATHS.fallback_package])
+                      [PATHS.package, PATHS.fallback_package, *map(digest_file, [PATHS.package, PATHS.fallback_package])])
 
 
 def task_verify():
@@ -89,3 +92,8 @@ def task_parity():
     return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32; needs the sam3 package)",
                       ["meta_checkpoint", "metrics", "cases", "package", "postprocess"],
                       [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])
+
+
+def task_check():
+    return {"doc": f"Re-hash every artifact against the manifest and name what changed [{relative(PATHS.root)}/]",
+            "actions": [check_artifacts], "uptodate": [False], "verbosity": 2}

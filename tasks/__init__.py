@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "src" / "sam3_aoti"
 sys.path.insert(0, str(ROOT / "src"))  # the checkout's library, even beside another installed copy
 
+from sam3_aoti.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.config import load_settings  # noqa: E402
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
 from sam3_aoti.paths import ProfilePaths  # noqa: E402
@@ -28,8 +29,17 @@ VARIABLES = ("profile", "device", "precision", "weights", "config")
 
 
 def _settings():
+    """The variables, pipeline.toml and cases.toml, all checked before any stage runs."""
+    from doit import doit_cmd
+
+    from sam3_aoti.config import DEFAULT_CASES
+    from sam3_aoti.validate import check_cases, check_variables
+
     try:
-        return load_settings(*(get_var(name) for name in VARIABLES))
+        check_variables(doit_cmd._CMDLINE_VARS or {}, VARIABLES)
+        settings = load_settings(*(get_var(name) for name in VARIABLES))
+        check_cases(DEFAULT_CASES)
+        return settings
     except Sam3AotiError as e:
         sys.exit(f"sam3-aoti: {e}")
 
@@ -102,10 +112,46 @@ def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets:
         "actions": [(run_stage, [name])],
         "file_dep": sources(name, *modules) + [str(p) for p in file_dep],
         "targets": [str(p) for p in targets],
-        "uptodate": [fingerprint_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}, toolchain)],
+        "uptodate": [fingerprint_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}, toolchain),
+                     targets_intact(name)],
         "clean": True,
         "verbosity": 2,
     }
+
+
+class targets_intact:
+    """doit sees that targets exist; this sees that they still hold what their stage wrote (the manifest's
+    size, mtime and sha256), so a truncated package or an edited report makes its stage run again; and a
+    verify that did not pass (or died) is never up to date."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def __call__(self, task, values):
+        if stage_entry(self.stage).get("verified") is False:
+            return False
+        return not manifest_changes(PATHS.manifest, [self.stage])
+
+
+def stage_entry(stage: str) -> dict:
+    import json
+
+    manifest = json.loads(PATHS.manifest.read_text()) if PATHS.manifest.exists() else {}
+    return manifest.get("stages", {}).get(stage, {})
+
+
+def check_artifacts():
+    """`doit check`: re-hash every artifact of this variant against the manifest; name what changed."""
+    from sam3_aoti.artifacts import changed_anywhere
+
+    problems = changed_anywhere(PATHS.manifest)
+    for line in problems:
+        print(f"changed  {line}")
+    if problems:
+        return TaskFailed(f"{len(problems)} artifact(s) of {relative(PATHS.root)} changed since their stage "
+                          "wrote them: `uv run doit` rebuilds them")
+    print(f"all artifacts of {relative(PATHS.root)} match {relative(PATHS.manifest)}")
+    return None
 
 
 class SummaryReporter(ConsoleReporter):

@@ -71,3 +71,32 @@ def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+def rewrite_package(package: Path, target: Path, edit, resign: bool = True) -> Path:
+    """A copy of `package` at `target` with `edit(name, data)` applied to its entries, and its fallback (with
+    the fallback's digest) beside it. `resign` updates the metadata's part digests to the edited bytes, as a
+    builder would; without it the copy is what a tamperer leaves."""
+    import hashlib
+    import zipfile
+
+    from sam3_aoti.integrity import digest_file
+    from sam3_aoti.paths import fallback_of
+
+    with zipfile.ZipFile(package) as src:
+        entries = [(item, edit(item.filename, src.read(item))) for item in src.infolist()]
+    if resign:
+        for i, (item, data) in enumerate(entries):
+            if item.filename.endswith("extra/metadata.json"):
+                metadata = json.loads(data)
+                for other, other_data in entries:
+                    part = other.filename.split("/", 1)[1]
+                    if part in metadata.get("parts_sha256", {}):
+                        metadata["parts_sha256"][part] = hashlib.sha256(other_data).hexdigest()
+                entries[i] = (item, json.dumps(metadata).encode())
+    with zipfile.ZipFile(target, "w") as dst:
+        for item, data in entries:
+            dst.writestr(item, data)
+    shutil.copy(fallback_of(package), fallback_of(target))
+    shutil.copy(digest_file(fallback_of(package)), digest_file(fallback_of(target)))
+    return target

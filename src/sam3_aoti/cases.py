@@ -38,34 +38,42 @@ class Case:
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
 
 
-def folder_entries(path: Path, folders: list[dict]) -> list[dict]:
+def folder_entries(path: Path, folders: list[dict]) -> list[tuple[str, dict]]:
     """`[[folder]]` tables: every image in `path` becomes a case with the folder's prompts."""
     entries = []
-    for folder in folders:
+    for i, folder in enumerate(folders):
         root = (Path(path).parent / folder.get("path", "")).resolve()
         if not root.is_dir():
             raise ConfigError(f"{path}: image folder {root} does not exist: fix `path` in its [[folder]] table")
         images = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not images:
             raise ConfigError(f"{path}: image folder {root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        entries += [{"image": str(image), "prompts": folder.get("prompts")} for image in images]
+        entries += [(f"[[folder]] {i + 1} ({image.name})", {"image": str(image), "prompts": folder.get("prompts")})
+                    for image in images]
     return entries
 
 
-def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
+def case_entries(path: Path) -> list[tuple[str, dict]]:
+    """(where, {image, prompts}) for every [[case]] and every image of every [[folder]], as written."""
     try:
         table = tomllib.loads(Path(path).read_text())
     except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cases file {path} unreadable ({e}): fix it or restore cases.toml") from None
-    entries = table.get("case", []) + folder_entries(path, table.get("folder", []))
+    entries = [(f"[[case]] {i + 1}", entry) for i, entry in enumerate(table.get("case", []))]
+    entries += folder_entries(path, table.get("folder", []))
+    if not entries:
+        raise ConfigError(f"{path} holds no [[case]] entries: add at least one image with prompts")
+    return entries
+
+
+def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
+    from .validate import check_cases
+
+    check_cases(path)
     cases = []
-    for i, entry in enumerate(entries):
-        if not entry.get("image") or not entry.get("prompts"):
-            raise ConfigError(f"{path}: case {i + 1} needs `image` and a non-empty `prompts` list")
+    for _, entry in case_entries(path):
         ref = entry["image"]
         if not ref.startswith("skimage:"):
             ref = str((Path(path).parent / ref).resolve())
         cases.append(Case(Path(ref.removeprefix("skimage:")).stem, ref, tuple(entry["prompts"])))
-    if not cases:
-        raise ConfigError(f"{path} holds no [[case]] entries: add at least one image with prompts")
     return cases

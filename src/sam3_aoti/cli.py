@@ -16,18 +16,54 @@ from pathlib import Path
 from .errors import PackageError, Sam3AotiError, first_line
 
 
+MAX_PIXELS = 100_000_000  # about 10,000 x 10,000: larger rasters are tiled by the caller
+
+
+def to_rgb8(image):
+    """HxWx3 uint8 RGB from any PIL mode: 16-bit and 32-bit greys are scaled to 8 bits (PIL's own convert
+    clips them, turning a 16-bit scan almost entirely white), palettes and alpha are resolved."""
+    import numpy as np
+
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        grey = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") or (image.mode == "I" and grey.max() <= 65535) else grey.max()
+        grey = np.clip(grey / max(top, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+    return np.array(image.convert("RGB"))
+
+
 def read_image(path: Path):
     """HxWx3 uint8 RGB, or a one-line error."""
-    import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
-            return np.array(image.convert("RGB"))
+            pixels = image.width * image.height
+            if pixels > MAX_PIXELS:
+                raise PackageError(f"{path} is {image.width} x {image.height} ({pixels / 1e6:.0f} MP), over the "
+                                   f"{MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile")
+            return to_rgb8(image)
     except FileNotFoundError:
         raise PackageError(f"no image at {path}: pass --image an existing PNG/JPEG/TIFF file") from None
-    except (UnidentifiedImageError, OSError) as e:
+    except Image.DecompressionBombError:
+        raise PackageError(f"{path} is over the {MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise PackageError(f"cannot read {path} as an image ({first_line(e)}): pass a PNG/JPEG/TIFF file") from None
+
+
+def check_output(output: Path) -> None:
+    """PREFIX.png and PREFIX.json can be written: checked before the package loads and the model runs."""
+    import os
+
+    for target in outputs_of(output):
+        if target.is_dir():
+            raise PackageError(f"{target} is a folder: pass --output a path prefix such as out/roof")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PackageError(f"cannot create {output.parent} ({first_line(e)}): pass another --output") from None
+    if not os.access(output.parent, os.W_OK | os.X_OK):
+        raise PackageError(f"{output.parent} is not writable: pass another --output")
 
 
 def package_device(metadata: dict) -> str:
@@ -40,14 +76,16 @@ def package_device(metadata: dict) -> str:
     return device
 
 
-def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path) -> dict:
+def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
+            trust: bool = False) -> dict:
     import torch
 
     from .package import load_package
     from .postprocess import instances, overlay, to_tensor
 
+    check_output(output)
     image = read_image(image_path)
-    package = load_package(package_path)
+    package = load_package(package_path, trust=trust)
     device = package_device(package.metadata)
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -62,9 +100,12 @@ def predict(package_path: Path, image_path: Path, prompts: list[str], threshold:
         "seconds": round(seconds, 4), "instances": [inst.as_json() for inst in found],
     }
     picture, record = outputs_of(output)
-    picture.parent.mkdir(parents=True, exist_ok=True)
-    overlay(image, found, title).save(picture)
-    record.write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        overlay(image, found, title).save(picture)
+        record.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+        raise PackageError(f"cannot write {picture} / {record} ({first_line(e)}): pass another --output") from None
     return result
 
 
@@ -72,11 +113,11 @@ def outputs_of(output: Path) -> tuple[Path, Path]:
     return output.parent / f"{output.name}.png", output.parent / f"{output.name}.json"
 
 
-def show_info(path: Path, as_json: bool) -> None:
+def show_info(path: Path, as_json: bool, trust: bool) -> None:
     from .package import archive_info, format_info
 
     try:
-        info = archive_info(path)
+        info = archive_info(path, trust)
     except Sam3AotiError as e:
         print(f"sam3-aoti: {e}", file=sys.stderr)
         sys.exit(2)
@@ -92,18 +133,20 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
     run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
     run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
+    run.add_argument("--trust", action="store_true", help="load a package that carries no digest (it runs native code)")
     info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
     info.add_argument("package", type=Path, help="the .pt2 archive")
     info.add_argument("--json", action="store_true", help="print JSON for machines")
+    info.add_argument("--trust", action="store_true", help="describe a package that carries no digest")
     args = parser.parse_args(argv)
     if args.command == "info":
-        show_info(args.package, args.json)
+        show_info(args.package, args.json, args.trust)
         return
     if not 0.0 <= args.threshold <= 1.0:
         parser.error("--threshold must be between 0 and 1")
     output = args.output or Path(f"{args.image.stem}_sam3")
     try:
-        result = predict(args.package, args.image, args.prompt, args.threshold, output)
+        result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust)
     except Sam3AotiError as e:
         sys.exit(f"sam3-aoti: {e}")
     picture, record = outputs_of(output)

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .artifacts import atomic_output, human_size, record, sha256
+from .artifacts import atomic_output, check_free_space, human_size, record, sha256
 from .config import Settings
 from .errors import CompileError, first_line
 from .paths import ProfilePaths
@@ -115,7 +115,12 @@ def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> di
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
     paths = ProfilePaths.of(settings)
+    weights = paths.exported.stat().st_size  # about the weights' size: the exported programs are mostly that
+    # AOTInductor writes its blob and code in its cache; `keep_compiled` rebuilds the blob here to check it.
+    check_free_space({Path(cache_dir()): int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
     inductor = dict(settings.stage("compile").get("inductor", {}))
     digest = json.loads(paths.program_digest.read_text())
     programs = load_pt2(str(paths.exported)).exported_programs

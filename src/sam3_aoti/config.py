@@ -98,8 +98,11 @@ def load_settings(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {config_path} is not valid TOML ({e}): fix the file") from None
 
+    from .validate import check_pipeline, check_tolerances_for
+
+    check_pipeline(config_path, tables, PROFILES, PRECISIONS)
     profile = profile or "tiny"
-    if profile not in PROFILES or profile not in tables.get("profiles", {}):
+    if profile not in PROFILES:
         raise ConfigError(f"unknown profile={profile!r}: use one of {', '.join(PROFILES)}")
     notice = None
     if profile == "sam3" and not weights:
@@ -118,6 +121,7 @@ def load_settings(
         raise ConfigError(f"unknown precision={precision!r}: use fp32 or bf16")
     if precision == "bf16" and device == "cpu":
         raise ConfigError("precision=bf16 needs device=cuda: use precision=fp32 on the CPU")
+    check_tolerances_for(config_path, tables, precision)
     weights = weights or "random"
     if profile == "tiny" and weights != "random":
         raise ConfigError("profile=tiny is always random-init: pass weights= only with profile=sam3")

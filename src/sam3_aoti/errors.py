@@ -37,3 +37,7 @@ class DriftError(Sam3AotiError):
 
 class ToolchainError(Sam3AotiError):
     pass
+
+
+class InputError(Sam3AotiError):
+    """A tensor, prompt or image handed to the package that it cannot take."""

@@ -1,10 +1,10 @@
 """The PT2 archive: stage `package` writes it, `load_package` loads it with nothing but torch.
 
-`sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code plus one weights blob each),
-`metadata.json` and the tokenizer's merges: every consumer (`load_pt2`, torch's `load_package`, the C++
-`AOTIModelPackageLoader`) loads it in about a second. The exported programs, the fallback where the AOTI
-part cannot load, sit beside it in `sam3.exported.pt2`: kept in the main archive, `load_pt2` would
-deserialize them (and a second copy of the weights) on every load.
+`sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code; the weights once, in the blob
+AOTInductor's own loader reads), `metadata.json` and the tokenizer's merges, and finds every consumer
+(`load_pt2`, torch's `load_package`, the C++ `AOTIModelPackageLoader`) its models by name. The exported
+programs, the fallback where the AOTI part cannot load, sit beside it in `sam3.exported.pt2`: inside,
+`load_pt2` would deserialize them (and a second copy of the weights) on every load.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .artifacts import atomic_output, human_size, record
-from .errors import PackageError, first_line
+from .artifacts import atomic_output, check_free_space, human_size, mark, record, sha256
+from .errors import InputError, PackageError, first_line
+from .integrity import check_package, digest_file, write_digest
 from .paths import ProfilePaths, fallback_of
 from .weights_blob import write_weights_blob
 
@@ -31,8 +32,7 @@ MODEL_NAMES = ("model", "transforms")
 log = logging.getLogger("sam3_aoti")
 
 
-def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, blob_sha256: dict) -> dict:
-    from .artifacts import sha256
+def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
     from .config import package_version
     from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
     from .tokenizer import CONTEXT_LENGTH, END, PAD, START
@@ -80,8 +80,10 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, bl
         "inputs_sha256": {
             "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
             "program": program["sha256"],
-            "weights_blob": blob_sha256,
+            "weights_blob": {name: sha for part, sha in parts.items() if part.endswith("_weights.blob")
+                             for name in [part.split("/")[2]]},
         },
+        "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
     }
 
 
@@ -105,40 +107,43 @@ def run(settings) -> None:
     """Stage `package`: compiled code + the exported programs' current weights -> sam3.pt2 (seconds)."""
     from torch.export.pt2_archive._package import package_pt2
 
-    from .artifacts import sha256
-
     paths = ProfilePaths.of(settings)
     index = json.loads(paths.compiled_index.read_text())
     program = json.loads(paths.program_digest.read_text())
     if index["program_sha256"] != program["sha256"]:
         raise PackageError("the compiled code is for another exported program: run `uv run doit compile`")
+    weights = sum(index["models"][n]["blob_bytes"] for n in MODEL_NAMES)
+    check_free_space({paths.package.parent: 2 * weights + (10 << 20)}, "package")  # the blob, then the archive
     t0 = time.perf_counter()
     with atomic_output(paths.fallback_package) as tmp:
         link_or_copy(paths.exported, tmp)
+    write_digest(paths.fallback_package)
     with atomic_output(paths.package) as tmp:
-        aoti_files, blob_sha256 = {}, {}
+        aoti_files, parts = {}, {}
         for name in MODEL_NAMES:
             compiled = index["models"][name]
+            files = [paths.compiled / name / f for f in compiled["files"]]
             blob = tmp.parent / compiled["blob"]
             if write_weights_blob(paths.exported, name, compiled, blob):
-                blob_sha256[name] = sha256(blob)
                 log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
-            # A model without constants gets no blob: torch's loader fails to mmap an empty one.
-            aoti_files[name] = [str(paths.compiled / name / f) for f in compiled["files"]] + \
-                               ([str(blob)] if compiled["blob_bytes"] else [])
-        metadata = build_metadata(settings, paths, index, program, blob_sha256)
+                files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
+            aoti_files[name] = [str(f) for f in files]
+            parts.update({f"data/aotinductor/{name}/{f.name}": sha256(f) for f in files})
+        metadata = build_metadata(settings, paths, index, program, parts)
         package_pt2(str(tmp), aoti_files=aoti_files,
                     extra_files={METADATA_FILE: json.dumps(metadata, indent=2, sort_keys=True),
                                  VOCAB_FILE: paths.tokenizer_merges.read_text()})
         log.info("archive written; checking that its AOTI models load")
         check_aoti_loads(tmp)
-    weights = sum(index["models"][n]["blob_bytes"] for n in MODEL_NAMES)
+    write_digest(paths.package)
     log.info("package %s (%s: weights %s once, code and metadata %s) in %.1f s; fallback %s", paths.package,
              human_size(paths.package.stat().st_size), human_size(weights),
              human_size(paths.package.stat().st_size - weights), time.perf_counter() - t0, paths.fallback_package.name)
-    record(paths.manifest, "package", [paths.package, paths.fallback_package], {
+    record(paths.manifest, "package", [paths.package, paths.fallback_package, digest_file(paths.package),
+                                       digest_file(paths.fallback_package)], {
         "weights_bytes": weights, "program_sha256": program["sha256"], **settings.fingerprint("package"),
     })
+    mark(paths.manifest, "verify", verified=False)  # a new package is unverified until verify passes
 
 
 @dataclass
@@ -154,7 +159,7 @@ class Sam3Package:
     def exported_only(self) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it)."""
         exported = self.exported or load_exported(self.path)
-        runners = {name: exported[name].module() for name in MODEL_NAMES}
+        runners = checked({name: exported[name].module() for name in MODEL_NAMES}, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
                            self.path, self.fallback_reason, exported)
 
@@ -193,22 +198,129 @@ class AotiRunner:
         return _pytree.tree_unflatten(self.loader.boxed_run([a.contiguous() for a in args]), self.out_spec)
 
 
+def _describe(t) -> str:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device.type}"
+
+
+def check_images(images, device: str, side: int | None = None) -> None:
+    """float32 [B, 3, H, W] (H = W = side for the model) on the package's device, B >= 1."""
+    import torch
+
+    want = f"float32 [batch, 3, {side or 'height'}, {side or 'width'}] on {device}"
+    ok = (isinstance(images, torch.Tensor) and images.dtype == torch.float32 and images.dim() == 4
+          and images.shape[1] == 3 and images.device.type == device
+          and (images.shape[2:] == (side, side) if side else min(images.shape[2:]) >= 2))
+    if not ok:
+        hint = "the output of transforms" if side else "RGB pixels in [0, 255], channels first"
+        raise InputError(f"images must be {want}, got {_describe(images)}: pass {hint}")
+    if images.shape[0] == 0:
+        raise InputError("images holds no image (batch 0): pass at least one")
+
+
+def check_token_ids(token_ids, device: str, context: int, vocab: int) -> None:
+    """int64 [P, context] on the package's device, P >= 1, every id a token of the vocabulary."""
+    import torch
+
+    if not (isinstance(token_ids, torch.Tensor) and token_ids.dtype == torch.int64 and token_ids.dim() == 2
+            and token_ids.shape[1] == context and token_ids.device.type == device):
+        raise InputError(f"token_ids must be int64 [num_prompts, {context}] on {device}, got {_describe(token_ids)}: "
+                         "use encode_prompts")
+    if token_ids.shape[0] == 0:
+        raise InputError("token_ids holds no prompt (num_prompts 0): pass at least one")
+    if bool(((token_ids < 0) | (token_ids >= vocab)).any()):
+        raise InputError(f"token_ids holds ids outside [0, {vocab}): use encode_prompts or a CLIP BPE tokenizer")
+
+
+class CheckedModel:
+    """`model(images, token_ids)` with one-line errors for inputs it cannot take, before native code runs."""
+
+    def __init__(self, runner: Callable, metadata: dict):
+        model = metadata.get("models", {}).get("model", {})
+        tokenizer = metadata.get("tokenizer", {})
+        self.runner, self.device = runner, metadata.get("device", "cpu")
+        self.side = model.get("inputs", {}).get("images", {}).get("shape", [0, 0, 0])[2]
+        self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
+
+    def __call__(self, images, token_ids):
+        check_images(images, self.device, self.side)
+        check_token_ids(token_ids, self.device, self.context, self.vocab)
+        return self.runner(images, token_ids)
+
+
+class CheckedTransforms:
+    """`transforms(images)` with one-line errors for inputs it cannot take."""
+
+    def __init__(self, runner: Callable, metadata: dict):
+        self.runner, self.device = runner, metadata.get("device", "cpu")
+
+    def __call__(self, images):
+        check_images(images, self.device)
+        return self.runner(images)
+
+
 def _read_extra_files(path: Path) -> dict:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            root = names[0].split("/", 1)[0]
+            if f"{root}/extra/{METADATA_FILE}" not in names:
+                raise KeyError(METADATA_FILE)
+            return {name: archive.read(f"{root}/extra/{name}").decode() for name in (METADATA_FILE, VOCAB_FILE)
+                    if f"{root}/extra/{name}" in names}
+    except (zipfile.BadZipFile, KeyError, IndexError, OSError, EOFError, UnicodeDecodeError):
+        raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+
+
+def device_problem(path: Path) -> str | None:
+    """Why the AOTI part cannot run here (None if it can): torch's loader accepts a CUDA package on a machine
+    without a GPU, or built for another GPU generation, and fails only at the first call."""
+    import torch
+
     with zipfile.ZipFile(path) as archive:
-        root = archive.namelist()[0].split("/", 1)[0]
-        return {name: archive.read(f"{root}/extra/{name}").decode() for name in (METADATA_FILE, VOCAB_FILE)
-                if f"{root}/extra/{name}" in archive.namelist()}
+        built = [json.loads(archive.read(n)) for n in archive.namelist()
+                 if "/data/aotinductor/" in n and n.endswith(".wrapper_metadata.json")]
+    for meta in built:
+        if meta.get("AOTI_DEVICE_KEY") != "cuda":
+            continue
+        if not torch.cuda.is_available():
+            return "its AOTI part is built for CUDA and no GPU is usable here"
+        want = meta.get("AOTI_COMPUTE_CAPABILITY", "")
+        have = "".join(map(str, torch.cuda.get_device_capability()))
+        if want and want.replace(".", "") != have:
+            return f"its AOTI part is built for compute capability {want}, this GPU has {have}"
+    return None
+
+
+def _extraction_folders() -> set[Path]:
+    """torch's C++ loader unpacks a package into /tmp/XXXXXX and removes it only when a load succeeds."""
+    return {p for p in Path("/tmp").iterdir() if len(p.name) == 6 and p.is_dir()} if Path("/tmp").is_dir() else set()
 
 
 def load_aoti_runners(path: Path) -> dict:
     """The AOTI models straight from torch's C++ package loader. torch's Python loaders (`load_pt2`,
     `torch._inductor.package.load_package`) first probe the CPU's vector ISA for a device-mismatch warning,
     compiling and loading test libraries in `python -c "import torch"` subprocesses: 20-40 s on the H200,
-    for CUDA packages too. The loader itself takes under a second."""
-    return {name: AotiRunner(path, name) for name in MODEL_NAMES}
+    for CUDA packages too. The loader itself takes under a second. A failed load leaves no folder behind."""
+    problem = device_problem(path)
+    if problem:
+        raise PackageError(problem)
+    before = _extraction_folders()
+    try:
+        return {name: AotiRunner(path, name) for name in MODEL_NAMES}
+    except Exception:
+        with zipfile.ZipFile(path) as archive:
+            root = archive.namelist()[0].split("/", 1)[0]
+        for folder in _extraction_folders() - before:
+            if (folder / root).is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
-def load_exported(path: Path) -> dict:
+def load_exported(path: Path, trust: bool = False) -> dict:
     """The exported programs from the fallback archive beside the package."""
     from torch.export.pt2_archive._package import load_pt2
 
@@ -216,6 +328,7 @@ def load_exported(path: Path) -> dict:
     if not fallback.is_file():
         raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
                            "rebuild it with `uv run doit package`")
+    check_package(fallback, trust=trust)
     programs = load_pt2(str(fallback)).exported_programs
     missing = [n for n in MODEL_NAMES if n not in programs]
     if missing:
@@ -223,8 +336,10 @@ def load_exported(path: Path) -> dict:
     return programs
 
 
-def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
-    """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise."""
+def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False) -> Sam3Package:
+    """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
+    The archive is checked against its recorded digests first (integrity.py); `trust` accepts a package
+    that has none."""
     import torch
 
     if torch.__version__ < "2.11":
@@ -235,6 +350,7 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
         raise PackageError(f"no package at {path}: build it with `uv run doit package`")
     fallback_reason, aoti, exported = None, {}, {}
     extra = _read_extra_files(path)
+    check_package(path, trust=trust)
     if prefer_aoti:
         try:
             aoti = load_aoti_runners(path)
@@ -242,18 +358,19 @@ def load_package(path: str | Path, prefer_aoti: bool = True) -> Sam3Package:
             fallback_reason = first_line(e)
             log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
-        exported = load_exported(path)
-    runners, backends = {}, {}
-    for name in MODEL_NAMES:
-        if name in aoti:
-            runners[name], backends[name] = aoti[name], "aoti"
-        else:
-            runners[name], backends[name] = exported[name].module(), "exported"
-    return Sam3Package(runners, backends, json.loads(extra.get(METADATA_FILE, "{}")), extra.get(VOCAB_FILE, ""),
-                       path, fallback_reason, exported)
+        exported = load_exported(path, trust)
+    metadata = json.loads(extra.get(METADATA_FILE, "{}"))
+    runners = {name: aoti[name] if name in aoti else exported[name].module() for name in MODEL_NAMES}
+    backends = {name: "aoti" if name in aoti else "exported" for name in MODEL_NAMES}
+    return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
+                       fallback_reason, exported)
 
 
-def archive_info(path: str | Path) -> dict:
+def checked(runners: dict, metadata: dict) -> dict:
+    return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata)}
+
+
+def archive_info(path: str | Path, trust: bool = False) -> dict:
     """What a package holds, read from the zip alone (no torch, no native code run): models and backends,
     inputs and outputs, dynamic dims, precision, the GPU it was built for, versions, weights hash, sizes."""
     path = Path(path)
@@ -278,6 +395,7 @@ def archive_info(path: str | Path) -> dict:
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
         reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
         raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
+    integrity = check_package(path, trust=trust)
     fallback = fallback_of(path)
     models = {}
     for name, described in metadata.get("models", {}).items():
@@ -285,7 +403,7 @@ def archive_info(path: str | Path) -> dict:
         models[name] = {**described, "backends": backends, **aoti.get(name, {})}
     versions = metadata.get("versions", {})
     return {
-        "path": str(path), "bytes": path.stat().st_size, "format": metadata.get("format"),
+        "path": str(path), "bytes": path.stat().st_size, "format": metadata.get("format"), "integrity": integrity,
         "profile": metadata.get("profile"), "precision": metadata.get("precision"), "device": metadata.get("device"),
         "gpu": versions.get("gpu"), "compute_capability": versions.get("compute_capability"),
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},
@@ -300,7 +418,8 @@ def format_info(info: dict) -> str:
     built = info["gpu"] and f"{info['gpu']} (compute capability {info['compute_capability']})"
     lines = [f"{info['path']}: {human_size(info['bytes'])}, {info['format']}, profile {info['profile']}, "
              f"{info['precision']} on {info['device']}{', built on ' + built if built else ''}",
-             "versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)]
+             "versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v),
+             f"integrity: {info['integrity']}"]
     fallback = info["fallback"]
     lines.append(f"fallback: {Path(fallback['path']).name} ({human_size(fallback['bytes'])})" if fallback
                  else "fallback: none beside it (AOTI only)")

@@ -67,6 +67,7 @@ def run(settings: Settings) -> None:
     from .postprocess import instances, overlay, to_tensor
 
     paths, opts = ProfilePaths.of(settings), settings.stage("render")
+    cases = load_cases()
     package = load_package(paths.package)
     eager, transforms = eager_reference(settings)
     threshold, top_k = opts["score_threshold"], opts["max_instances"]
@@ -77,7 +78,7 @@ def run(settings: Settings) -> None:
     points = []
     with atomic_output(paths.render_dir) as tmp, torch.no_grad():
         tmp.mkdir()
-        for case in load_cases():
+        for case in cases:
             image = case.load_image()
             x = to_tensor(image, settings.device)
             token_ids = package.encode_prompts(list(case.prompts)).to(settings.device)

@@ -17,7 +17,11 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from .errors import ConfigError
+import logging
+
+from .errors import ConfigError, InputError
+
+log = logging.getLogger("sam3_aoti")
 
 START, END, PAD = 49406, 49407, 0
 CONTEXT_LENGTH = 32
@@ -140,10 +144,18 @@ class ClipTokenizer:
         return ids
 
     def __call__(self, prompts: list[str]) -> list[list[int]]:
-        """Rows of CONTEXT_LENGTH ids: start, words (truncated), end, zeros."""
+        """Rows of CONTEXT_LENGTH ids: start, words (truncated, with a warning), end, zeros."""
+        if isinstance(prompts, str) or not prompts:
+            raise InputError(f"prompts must be a non-empty list of strings, got {prompts!r}")
         rows = []
         for prompt in prompts:
-            words = self.encode(prompt)[: CONTEXT_LENGTH - 2]
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise InputError(f"prompt {prompt!r} is empty: give a noun phrase such as \"a solar panel\"")
+            words = self.encode(prompt)
+            if len(words) > CONTEXT_LENGTH - 2:
+                log.warning("prompt %r is %d tokens long; the model reads %d: the last %d are dropped",
+                            prompt, len(words), CONTEXT_LENGTH - 2, len(words) - CONTEXT_LENGTH + 2)
+                words = words[: CONTEXT_LENGTH - 2]
             row = [START, *words, END]
             rows.append(row + [PAD] * (CONTEXT_LENGTH - len(row)))
         return rows

@@ -12,7 +12,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .artifacts import atomic_output, record, write_text_atomic
+from .artifacts import atomic_output, mark, record, write_text_atomic
 from .config import Settings
 from .errors import DriftError
 from .paths import ProfilePaths
@@ -247,13 +247,14 @@ def run(settings: Settings) -> None:
     from .package import load_package
 
     paths = ProfilePaths.of(settings)
+    mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
+    cases = load_cases()  # a broken case image fails here, not after the models loaded
     package = load_package(paths.package)
     if package.fallback_reason:
         raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                          f"rebuild with `uv run doit compile device={settings.device}`")
     fallback = package.exported_only()
     eager, transforms = eager_reference(settings)
-    cases = load_cases()
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
     cache = ReferenceCache(paths.root / "verify" / "reference", reference_identity(settings, paths))

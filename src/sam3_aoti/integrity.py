@@ -1,0 +1,82 @@
+"""Is this the package its build wrote? Checked before any shared object in it is loaded: a .pt2 holds native
+code, and loading a package runs it. Imports no torch.
+
+Two records, written by the `package` stage: `sam3.pt2.sha256` beside the archive (the whole file, in
+`sha256sum` format) and, inside the metadata, the sha256 of every compiled part (code and weights), for a
+package that travels without its digest file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+from .errors import PackageError
+
+AOTI_PREFIX = "data/aotinductor/"
+
+
+def digest_file(package: Path) -> Path:
+    package = Path(package)
+    return package.with_name(f"{package.name}.sha256")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_digest(package: Path) -> None:
+    from .artifacts import write_text_atomic
+
+    write_text_atomic(digest_file(package), f"{file_sha256(package)}  {Path(package).name}\n")
+
+
+def _entry_sha256(archive: zipfile.ZipFile, name: str) -> str:
+    h = hashlib.sha256()
+    with archive.open(name) as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_package(package: Path, trust: bool = False) -> str:
+    """Raise a one-line PackageError unless the archive is what its build recorded; returns how it was
+    checked. `trust` loads a package that carries no digest at all (never one that mismatches)."""
+    package = Path(package)
+    recorded = digest_file(package)
+    if recorded.is_file():
+        want = recorded.read_text().split()[0] if recorded.read_text().split() else ""
+        if file_sha256(package) != want:
+            raise PackageError(f"{package} does not match its digest {recorded.name}: it was modified or damaged "
+                               "since it was built; rebuild it (`uv run doit package`) or fetch it again")
+        return f"matches {recorded.name}"
+    try:
+        with zipfile.ZipFile(package) as archive:
+            names = archive.namelist()
+            root = names[0].split("/", 1)[0]
+            metadata = json.loads(archive.read(f"{root}/extra/metadata.json"))
+            parts = metadata.get("parts_sha256")
+            if not parts:
+                if trust:
+                    return "no digest (trusted)"
+                raise PackageError(f"{package} carries no digest ({recorded.name} beside it, or parts_sha256 in its "
+                                   "metadata): load it only if you vouch for it (--trust / trust=True)")
+            code = [n.split("/", 1)[1] for n in names if n.split("/", 1)[1].startswith(AOTI_PREFIX)]
+            for name in code:
+                if name not in parts:
+                    raise PackageError(f"{package} holds {name}, which its build did not write: refusing to load it")
+                if _entry_sha256(archive, f"{root}/{name}") != parts[name]:
+                    raise PackageError(f"{package}: {name} does not match its recorded digest: the package was "
+                                       "modified; rebuild it (`uv run doit package`) or fetch it again")
+            missing = sorted(set(parts) - set(code))
+            if missing:
+                raise PackageError(f"{package} lacks {missing[0]}, which its build wrote: rebuild it")
+    except (zipfile.BadZipFile, KeyError, IndexError, OSError, EOFError, ValueError):
+        raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+    return "parts match the metadata's digests"

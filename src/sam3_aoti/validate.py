@@ -1,0 +1,152 @@
+"""Check pipeline.toml and cases.toml when doit loads, before any stage runs: a wrong value is one line
+naming the file, the key and the fix, not an "unexpected ...Error" minutes into a build. Imports no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def _int(minimum: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _pairs(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(_pair(p) for p in v)
+
+
+def _pair(v) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_int(1)(x) for x in v)
+
+
+def _unit(v) -> bool:
+    return _number(v) and 0 <= v <= 1
+
+
+PAIRS = "a list of [batch, prompts] pairs of positive integers, e.g. [[1, 1], [2, 3]]"
+# (table, key): (check, what the value must be). Every key here is read by a stage.
+PIPELINE_KEYS = {
+    ("weights", "seed"): (_int(0), "an integer >= 0"),
+    ("export", "example_batch"): (_int(2), "an integer >= 2 (a size-1 example specializes the dim away)"),
+    ("export", "example_prompts"): (_int(2), "an integer >= 2 (a size-1 example specializes the dim away)"),
+    ("export", "check_batch"): (_int(1), "a positive integer"),
+    ("export", "check_prompts"): (_int(1), "a positive integer"),
+    ("export", "transforms_example_size"): (lambda v: isinstance(v, list) and len(v) == 4 and v[1:2] == [3]
+                                            and all(_int(2)(x) for x in v[:1] + v[2:]),
+                                            "[batch, 3, height, width], each other size an integer >= 2"),
+    ("compile", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
+    ("verify", "shapes"): (_pairs, PAIRS),
+    ("verify", "largest_shape"): (_pair, "one [batch, prompts] pair of positive integers"),
+    ("bench", "shapes"): (_pairs, PAIRS),
+    ("bench", "warmup"): (_int(0), "an integer >= 0"),
+    ("bench", "iters"): (_int(1), "a positive integer"),
+    ("render", "score_threshold"): (_unit, "a number between 0 and 1"),
+    ("render", "max_instances"): (_int(1), "a positive integer"),
+}
+TOLERANCES = {
+    "max_abs": (_number, "a number"), "pearson_min": (_unit, "a number between 0 and 1"),
+    "top1_score_abs": (_number, "a number"), "top5_overlap_min": (_unit, "a number between 0 and 1"),
+    "box_abs": (_number, "a number"), "mask_iou_min": (_unit, "a number between 0 and 1"),
+}
+OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number")}
+PARITY_TOLERANCES = {"score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
+                     "top5_overlap_min": (_unit, "a number between 0 and 1"),
+                     "mask_iou_min": (_unit, "a number between 0 and 1")}
+ARCHITECTURES = ("tiny", "full")
+
+
+def _check(path: Path, where: str, table: dict, key: str, spec: tuple, required: bool = True) -> None:
+    check, expected = spec
+    if key not in table:
+        if required:
+            raise ConfigError(f"{path} [{where}] has no `{key}`: add it ({expected})")
+        return
+    if not check(table[key]):
+        raise ConfigError(f"{path} [{where}] {key} must be {expected}, got {table[key]!r}: fix the file")
+
+
+def _table(path: Path, tables: dict, name: str) -> dict:
+    value = tables
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} has no [{name}] table: restore it from the repository's pipeline.toml")
+    return value
+
+
+def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple) -> None:
+    """Every key a stage reads: present, of the right type and range."""
+    profile_tables = _table(path, tables, "profiles")
+    for name in profiles:
+        profile = _table(path, tables, f"profiles.{name}")
+        _check(path, f"profiles.{name}", profile, "architecture",
+               (lambda v: v in ARCHITECTURES, f"one of {', '.join(ARCHITECTURES)}"))
+        _check(path, f"profiles.{name}", profile, "precision",
+               (lambda v: v in precisions, f"one of {', '.join(precisions)}"), required=False)
+    unknown = sorted(set(profile_tables) - set(profiles))
+    if unknown:
+        raise ConfigError(f"{path} [profiles.{unknown[0]}] is not a profile this pipeline builds: "
+                          f"keep {', '.join(profiles)}")
+    for (name, key), spec in PIPELINE_KEYS.items():
+        _check(path, name, _table(path, tables, name), key, spec)
+    tolerances = _table(path, tables, "verify.tolerances")
+    for precision in sorted(tolerances):
+        if precision not in precisions:
+            raise ConfigError(f"{path} [verify.tolerances.{precision}]: no such precision, use {', '.join(precisions)}")
+        where = f"verify.tolerances.{precision}"
+        table = _table(path, tables, where)
+        for key, spec in TOLERANCES.items():
+            _check(path, where, table, key, spec)
+        for key, spec in OPTIONAL_TOLERANCES.items():
+            _check(path, where, table, key, spec, required=False)
+    for key, spec in PARITY_TOLERANCES.items():
+        _check(path, "parity.tolerances", _table(path, tables, "parity.tolerances"), key, spec)
+
+
+def check_tolerances_for(path: Path, tables: dict, precision: str) -> None:
+    if precision not in tables.get("verify", {}).get("tolerances", {}):
+        raise ConfigError(f"{path} has no [verify.tolerances.{precision}] table: add one to verify {precision} builds")
+
+
+def check_cases(path: Path) -> None:
+    """cases.toml: every image exists and decodes, every prompts entry is a non-empty list of non-empty strings."""
+    from PIL import Image, UnidentifiedImageError
+
+    from .cases import case_entries
+
+    for where, entry in case_entries(path):
+        prompts = entry.get("prompts")
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+            raise ConfigError(f"{path} {where}: prompts must be a non-empty list of non-empty strings, "
+                              f"got {prompts!r}: write prompts = [\"a cat\", \"a dog\"]")
+        image = entry.get("image")
+        if not isinstance(image, str) or not image:
+            raise ConfigError(f"{path} {where}: needs image = \"skimage:NAME\" or a path to an image file")
+        if image.startswith("skimage:"):
+            import skimage.data
+
+            name = image.removeprefix("skimage:")
+            if name not in skimage.data.__all__:
+                raise ConfigError(f"{path} {where}: skimage has no sample image {name!r}: use one of "
+                                  f"astronaut, chelsea, coffee, rocket, camera, coins, ...")
+            continue
+        file = (Path(path).parent / image).resolve()
+        if not file.is_file():
+            raise ConfigError(f"{path} {where}: image {file} does not exist: fix the path (relative to {path})")
+        try:
+            with Image.open(file) as picture:
+                picture.verify()
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise ConfigError(f"{path} {where}: image {file} does not decode ({e}): replace or remove it") from None
+
+
+def check_variables(given: dict, known: tuple) -> None:
+    """doit takes any NAME=VALUE; a misspelt one would be ignored and another variant built."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown variable {unknown[0]}={given[unknown[0]]}: use {', '.join(known)}")
