@@ -5,6 +5,7 @@ Nothing here imports torch: `doit list` stays instant. Stage work happens in `sa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,17 +135,13 @@ class targets_intact:
 
 
 def stage_entry(stage: str) -> dict:
-    import json
-
     manifest = json.loads(PATHS.manifest.read_text()) if PATHS.manifest.exists() else {}
     return manifest.get("stages", {}).get(stage, {})
 
 
 def check_artifacts():
     """`doit check`: re-hash every artifact of this variant against the manifest; name what changed."""
-    from sam3_aoti.artifacts import changed_anywhere
-
-    problems = changed_anywhere(PATHS.manifest)
+    problems = manifest_changes(PATHS.manifest, rehash=True)
     for line in problems:
         print(f"changed  {line}")
     if problems:

@@ -199,7 +199,7 @@ def test_a_package_without_digests_needs_trust(package_path, tmp_path):
         return data
 
     bare = copy_package(package_path, tmp_path, strip, digests=False)
-    with pytest.raises(PackageError, match="carries no digest .* --trust"):
+    with pytest.raises(PackageError, match="carries no digest .*--trust"):
         load_package(bare)
     assert load_package(bare, trust=True).backends == {"model": "aoti", "transforms": "aoti"}
 
@@ -227,7 +227,7 @@ def test_a_truncated_package_or_edited_report_reruns_its_stage(built_repo):
     proc = run_doit(built_repo, "check", "device=cpu", check=False)
     one_line_error(proc, "package: package/sam3.pt2 has 100000 bytes")
     ran = executed(run_doit(built_repo, "device=cpu"))
-    assert {"package", "verify", "render"} <= ran and "compile" not in ran
+    assert {"package", "verify"} <= ran and "compile" not in ran  # render: the same bytes again, up to date
     assert package.stat().st_size == len(data)
     assert json.loads((art / "manifest.json").read_text())["stages"]["verify"]["verified"] is True
 

@@ -207,9 +207,9 @@ def test_weights_stage_takes_an_hf_folder_and_its_tokenizer(checkpoints, tmp_pat
     hf_tokenizer_files(checkpoints / "hf", read_merges_text())
     repo = copy_repo(tmp_path)
     run_doit(repo, "weights", "profile=sam3", "device=cpu", f"weights={checkpoints / 'hf'}")
-    manifest = json.loads((repo / "artifacts" / "sam3" / "manifest.json").read_text())
+    manifest = json.loads((repo / "artifacts" / "sam3-fp32-cpu" / "manifest.json").read_text())
     assert manifest["stages"]["weights"]["tokenizer"].endswith("merges.txt")
-    assert (repo / "artifacts" / "sam3" / "weights" / "tokenizer_merges.txt").read_text().startswith("#version")
+    assert (repo / "artifacts" / "sam3-fp32-cpu" / "weights" / "tokenizer_merges.txt").read_text().startswith("#version")
 
 
 def test_weights_stage_rejects_a_mismatched_meta_checkpoint_in_one_line(checkpoints, tmp_path):
@@ -218,4 +218,4 @@ def test_weights_stage_rejects_a_mismatched_meta_checkpoint_in_one_line(checkpoi
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "does not fit SAM3" in line]
     assert len(errors) == 1 and "wrongly shaped" in errors[0]
-    assert not (repo / "artifacts" / "sam3" / "weights" / "checkpoint").exists()
+    assert not (repo / "artifacts" / "sam3-fp32-cpu" / "weights" / "checkpoint").exists()

@@ -93,10 +93,6 @@ def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bo
     return found
 
 
-def changed_anywhere(manifest: Path) -> list[str]:
-    return manifest_changes(manifest, rehash=True)
-
-
 def mark(manifest: Path, stage: str, **fields) -> None:
     """Set fields of a stage's manifest entry, if it has one (e.g. verified: false the moment verify starts)."""
     manifest = Path(manifest)

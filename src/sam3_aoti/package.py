@@ -329,11 +329,20 @@ def load_exported(path: Path, trust: bool = False) -> dict:
         raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
                            "rebuild it with `uv run doit package`")
     check_package(fallback, trust=trust)
-    programs = load_pt2(str(fallback)).exported_programs
+    try:
+        programs = load_pt2(str(fallback)).exported_programs
+    except Exception as e:  # exported on a GPU, its weights want one too
+        raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
+                           f"use {path.name} where it was built ({_built_for(path)})") from None
     missing = [n for n in MODEL_NAMES if n not in programs]
     if missing:
         raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
     return programs
+
+
+def _built_for(path: Path) -> str:
+    metadata = json.loads(_read_extra_files(path).get(METADATA_FILE, "{}"))
+    return f"{metadata.get('device', '?')}, {metadata.get('versions', {}).get('gpu') or 'any GPU'}"
 
 
 def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False) -> Sam3Package:
