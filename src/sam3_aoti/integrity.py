@@ -13,6 +13,7 @@ import json
 import zipfile
 from pathlib import Path
 
+from .artifacts import sha256, write_text_atomic
 from .errors import PackageError
 
 AOTI_PREFIX = "data/aotinductor/"
@@ -23,18 +24,8 @@ def digest_file(package: Path) -> Path:
     return package.with_name(f"{package.name}.sha256")
 
 
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_digest(package: Path) -> None:
-    from .artifacts import write_text_atomic
-
-    write_text_atomic(digest_file(package), f"{file_sha256(package)}  {Path(package).name}\n")
+    write_text_atomic(digest_file(package), f"{sha256(package)}  {Path(package).name}\n")
 
 
 def _entry_sha256(archive: zipfile.ZipFile, name: str) -> str:
@@ -52,7 +43,7 @@ def check_package(package: Path, trust: bool = False) -> str:
     recorded = digest_file(package)
     if recorded.is_file():
         want = recorded.read_text().split()[0] if recorded.read_text().split() else ""
-        if file_sha256(package) != want:
+        if sha256(package) != want:
             raise PackageError(f"{package} does not match its digest {recorded.name}: it was modified or damaged "
                                "since it was built; rebuild it (`uv run doit package`) or fetch it again")
         return f"matches {recorded.name}"
