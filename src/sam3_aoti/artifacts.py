@@ -37,11 +37,16 @@ def write_text_atomic(target: Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
+def sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        return stream_sha256(f)
+
+
+def stream_sha256(f, chunk: int = 1 << 24) -> str:
+    """sha256 of a binary stream (a file, a zip entry), read in chunks."""
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
     return h.hexdigest()
 
 

@@ -6,8 +6,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .config import DEFAULT_CASES
 from .errors import ConfigError
 
@@ -17,8 +15,10 @@ class Case:
     image_ref: str
     prompts: tuple[str, ...]
 
-    def load_image(self) -> np.ndarray:
-        """HxWx3 uint8 RGB."""
+    def load_image(self):
+        """HxWx3 uint8 RGB (numpy)."""
+        import numpy as np
+
         if self.image_ref.startswith("skimage:"):
             import skimage.data
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from .artifacts import atomic_output, human_size, record, write_text_atomic
 from .config import Settings
 from .errors import ExportError, first_line
-from .paths import ProfilePaths
+from .paths import ProfilePaths, archive_entries
 
 log = logging.getLogger("sam3_aoti")
 
@@ -124,8 +124,7 @@ def program_digest(archive: Path, programs: dict) -> dict:
     it tunes for. A new seed or checkpoint of the same architecture gives the same digest."""
     h = hashlib.sha256()
     with zipfile.ZipFile(archive) as zf:
-        for name in sorted(zf.namelist()):
-            inner = name.split("/", 1)[1]
+        for inner, name in sorted(archive_entries(zf).items()):
             if not inner.startswith(VALUE_ENTRIES):
                 h.update(inner.encode() + b"\0" + zf.read(name) + b"\0")
     signature = {name: io_signature(program) for name, program in programs.items()}

@@ -22,7 +22,7 @@ from typing import Callable
 from .artifacts import atomic_output, check_free_space, human_size, mark, record, sha256
 from .errors import InputError, PackageError, first_line
 from .integrity import check_package, digest_file, write_digest
-from .paths import ProfilePaths, fallback_of
+from .paths import ProfilePaths, archive_entries, fallback_of
 from .weights_blob import write_weights_blob
 
 METADATA_FILE = "metadata.json"
@@ -80,8 +80,6 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "inputs_sha256": {
             "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
             "program": program["sha256"],
-            "weights_blob": {name: sha for part, sha in parts.items() if part.endswith("_weights.blob")
-                             for name in [part.split("/")[2]]},
         },
         "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
     }
@@ -265,13 +263,12 @@ class CheckedTransforms:
 def _read_extra_files(path: Path) -> dict:
     try:
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            root = names[0].split("/", 1)[0]
-            if f"{root}/extra/{METADATA_FILE}" not in names:
+            entries = archive_entries(archive)
+            if f"extra/{METADATA_FILE}" not in entries:
                 raise KeyError(METADATA_FILE)
-            return {name: archive.read(f"{root}/extra/{name}").decode() for name in (METADATA_FILE, VOCAB_FILE)
-                    if f"{root}/extra/{name}" in names}
-    except (zipfile.BadZipFile, KeyError, IndexError, OSError, EOFError, UnicodeDecodeError):
+            return {name: archive.read(entries[f"extra/{name}"]).decode() for name in (METADATA_FILE, VOCAB_FILE)
+                    if f"extra/{name}" in entries}
+    except (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError):
         raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
 
 
@@ -312,10 +309,8 @@ def load_aoti_runners(path: Path) -> dict:
     try:
         return {name: AotiRunner(path, name) for name in MODEL_NAMES}
     except Exception:
-        with zipfile.ZipFile(path) as archive:
-            root = archive.namelist()[0].split("/", 1)[0]
         for folder in _extraction_folders() - before:
-            if (folder / root).is_dir():
+            if any(folder.glob("*/data/aotinductor")):  # the unpacked package
                 shutil.rmtree(folder, ignore_errors=True)
         raise
 
@@ -387,7 +382,7 @@ def archive_info(path: str | Path, trust: bool = False) -> dict:
         raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
     try:
         with zipfile.ZipFile(path) as archive:
-            entries = {i.filename.split("/", 1)[-1]: i for i in archive.infolist()}
+            entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
             if archive.read(entries["archive_format"]) != b"pt2":
                 raise KeyError("archive_format")
             metadata = json.loads(archive.read(entries[f"extra/{METADATA_FILE}"]))
@@ -416,7 +411,9 @@ def archive_info(path: str | Path, trust: bool = False) -> dict:
         "profile": metadata.get("profile"), "precision": metadata.get("precision"), "device": metadata.get("device"),
         "gpu": versions.get("gpu"), "compute_capability": versions.get("compute_capability"),
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},
-        "weights": metadata.get("weights"), "weights_sha256": metadata.get("inputs_sha256", {}).get("weights_blob"),
+        "weights": metadata.get("weights"),
+        "weights_sha256": {part.split("/")[2]: sha for part, sha in metadata.get("parts_sha256", {}).items()
+                           if part.endswith("_weights.blob")},
         "fallback": {"path": str(fallback), "bytes": fallback.stat().st_size} if fallback.is_file() else None,
         "models": models,
     }
@@ -436,7 +433,7 @@ def format_info(info: dict) -> str:
     for name, model in info["models"].items():
         sizes = f"code {human_size(model.get('code_bytes', 0))}, weights {human_size(model.get('weights_bytes', 0))}"
         lines.append(f"{name}: backends {', '.join(model['backends']) or 'none'}; {sizes}; "
-                     f"weights sha256 {(info['weights_sha256'] or {}).get(name, '?')[:16]}")
+                     f"weights sha256 {info['weights_sha256'].get(name, 'none')[:16]}")
         dims = ", ".join(f"{d} >= {r['min']}" for d, r in model.get("dynamic_dims", {}).items())
         if dims:
             lines.append(f"  dynamic: {dims}")

@@ -104,6 +104,11 @@ class ProfilePaths:
         return self.root / "logs" / f"{stage}.log"
 
 
+def archive_entries(archive) -> dict[str, str]:
+    """A PT2 archive's (zipfile) entries by their name inside it, without the archive's root folder."""
+    return {name.split("/", 1)[1]: name for name in archive.namelist() if "/" in name}
+
+
 def fallback_of(package: Path) -> Path:
     """The exported-program fallback beside a package: sam3.pt2 -> sam3.exported.pt2."""
     package = Path(package)

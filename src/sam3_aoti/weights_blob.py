@@ -8,20 +8,21 @@ import zipfile
 from pathlib import Path
 
 from .errors import PackageError
+from .paths import archive_entries
 
 ALIGN_BYTES = 64  # AOTInductor pads each constant to this in a blob unless every constant is on the GPU
 
 
 def _payloads(archive: zipfile.ZipFile, model: str) -> dict[str, str]:
     """Exported-program tensor name -> archive entry holding its storage's bytes (weights and constants)."""
-    root = archive.namelist()[0].split("/", 1)[0]
+    entries = archive_entries(archive)
     found = {}
     for kind, folder in (("weights", "data/weights"), ("constants", "data/constants")):
-        config = json.loads(archive.read(f"{root}/{folder}/{model}_{kind}_config.json"))["config"]
+        config = json.loads(archive.read(entries[f"{folder}/{model}_{kind}_config.json"]))["config"]
         for fqn, meta in config.items():
             if meta["use_pickle"]:
                 raise PackageError(f"{model} tensor {fqn} is pickled in the exported archive: no raw bytes to package")
-            found[fqn] = f"{root}/{folder}/{meta['path_name']}"
+            found[fqn] = entries[f"{folder}/{meta['path_name']}"]
     return found
 
 
