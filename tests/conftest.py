@@ -11,6 +11,13 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = "artifacts/tiny-fp32-cpu"  # the tiny profile's variant folder on the CPU, relative to a repo
 
 
+def pytest_configure(config):
+    """Remembered package checks (integrity.py) go to a folder of this run, not the user's cache."""
+    import tempfile
+
+    os.environ["SAM3_AOTI_CACHE"] = tempfile.mkdtemp(prefix="sam3-aoti-cache-")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def time_calls(fn, args, device: str, warmup: int, iters: int) -> list[float]:
 TORCH_LOAD = "from torch._inductor.package import load_package\nload = lambda p: load_package(p, '{}')"
 PT2_LOAD = "from torch.export.pt2_archive._package import load_pt2\nload = lambda p: load_pt2(p)"
 NO_ISA_PROBE = {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
-LOADERS = {
-    "sam3_aoti load_package": ("from sam3_aoti.package import load_package\nload = lambda p: load_package(p)", {}),
+OURS = "from sam3_aoti.package import load_package\nload = lambda p: load_package(p)"
+LOADERS = {  # ours twice: the first start hashes the package, the next finds that check remembered
+    "sam3_aoti load_package, first start": (OURS, {}),
+    "sam3_aoti load_package, next start": (OURS, {}),
     "torch load_package model": (TORCH_LOAD.format("model"), {}),
     "torch load_package transforms": (TORCH_LOAD.format("transforms"), {}),
     "load_pt2": (PT2_LOAD, {}),
@@ -81,15 +84,22 @@ def load_seconds(package, device: str) -> dict[str, float]:
     src = str(Path(__file__).resolve().parents[1])  # this checkout's library for the first loader
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     times = {}
-    for name, (loader, extra_env) in LOADERS.items():
-        proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(loader=loader), str(package), device],
-                              capture_output=True, text=True, env={**env, **extra_env})
-        if proc.returncode != 0:
-            log.warning("%s could not load the package: %s", name, (proc.stderr.strip().splitlines() or ["?"])[-1])
-            continue
-        times[name] = round(json.loads(proc.stdout.strip().splitlines()[-1]), 2)
-        log.info("load: %s %.2f s", name, times[name])
+    with tempfile.TemporaryDirectory() as cache:  # an empty record of checked packages (integrity.py)
+        env["SAM3_AOTI_CACHE"] = cache
+        for name, (loader, extra_env) in LOADERS.items():
+            times.update(_load_in_fresh_process(name, loader, package, device, {**env, **extra_env}))
     return times
+
+
+def _load_in_fresh_process(name, loader, package, device, env) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(loader=loader), str(package), device],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        log.warning("%s could not load the package: %s", name, (proc.stderr.strip().splitlines() or ["?"])[-1])
+        return {}
+    seconds = round(json.loads(proc.stdout.strip().splitlines()[-1]), 2)
+    log.info("load: %s %.2f s", name, seconds)
+    return {name: seconds}
 
 
 def run(settings: Settings) -> None:

@@ -4,11 +4,21 @@ code, and loading a package runs it. Imports no torch.
 Two records, written by the `package` stage: `sam3.pt2.sha256` beside the archive (the whole file, in
 `sha256sum` format) and, inside the metadata, the sha256 of every compiled part (code and weights), for a
 package that travels without its digest file.
+
+Hashing 1.7 GB costs about a second, as much as loading it. A check that passed is remembered the way git's index
+remembers a clean file: by the file's identity and change times (device, inode, size, mtime and ctime, in
+nanoseconds; ctime moves on every write and cannot be set back), so a service's next start skips the hash until
+the file changes. As in git, a file changed within the last second is never remembered: file times tick coarsely,
+and a write in the same tick would leave them as they were. The record lives in the user's cache ($SAM3_AOTI_CACHE, else $XDG_CACHE_HOME/sam3-aoti, else
+~/.cache/sam3-aoti); where it cannot be written, every load hashes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -17,6 +27,34 @@ from .errors import PackageError
 from .paths import archive_entries
 
 AOTI_PREFIX = "data/aotinductor/"
+KEEP_RECORDS = 256  # remembered checks; the oldest go first
+RACY_NS = 1_000_000_000  # a file changed this recently is hashed again next time
+
+
+def cache_dir() -> Path:
+    if os.environ.get("SAM3_AOTI_CACHE"):
+        return Path(os.environ["SAM3_AOTI_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sam3-aoti"
+
+
+def _check_record(package: Path, how: str) -> Path:
+    """Where a passed check of this very file (same inode, size, mtime and ctime) and digest is remembered."""
+    st = package.stat()
+    key = f"{package.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{how}"
+    return cache_dir() / "verified" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _remember(package: Path, record: Path) -> None:
+    try:
+        if time.time_ns() - package.stat().st_ctime_ns < RACY_NS:
+            return
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.touch()
+        old = sorted(record.parent.iterdir(), key=lambda p: p.stat().st_mtime_ns)[:-KEEP_RECORDS]
+        for path in old:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only home: every load hashes
 
 
 def digest_file(package: Path) -> Path:
@@ -34,10 +72,21 @@ def check_package(package: Path, trust: bool = False) -> str:
     package = Path(package)
     recorded = digest_file(package)
     if recorded.is_file():
-        if sha256(package) != (recorded.read_text().split() or [""])[0]:
+        digest = (recorded.read_text().split() or [""])[0]
+        record = _check_record(package, digest)
+        if record.is_file():
+            return f"matches {recorded.name} (checked before; file unchanged since)"
+        if sha256(package) != digest:
             raise PackageError(f"{package} does not match its digest {recorded.name}: it was modified or damaged "
                                "since it was built; rebuild it (`uv run doit package`) or fetch it again")
+        _remember(package, record)
         return f"matches {recorded.name}"
+    try:
+        record = _check_record(package, "parts")
+    except OSError:
+        raise PackageError(f"{package} does not exist or cannot be read") from None
+    if record.is_file():
+        return "parts match the metadata's digests (checked before; file unchanged since)"
     try:
         with zipfile.ZipFile(package) as archive:
             entries = archive_entries(archive)
@@ -62,4 +111,5 @@ def check_package(package: Path, trust: bool = False) -> str:
                 raise PackageError(f"{package} lacks {missing[0]}, which its build wrote: rebuild it")
     except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError):
         raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+    _remember(package, record)
     return "parts match the metadata's digests"
