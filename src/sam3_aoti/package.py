@@ -35,7 +35,7 @@ log = logging.getLogger("sam3_aoti")
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
     from .config import package_version
     from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
-    from .tokenizer import CONTEXT_LENGTH, END, PAD, START
+    from .tokenizer import CONTEXT_LENGTH, END, PAD, SPECIAL_TOKENS, START
 
     model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
     images, _ = model_io["example_inputs"]
@@ -72,7 +72,10 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "mask_format": "logits; > 0 is foreground",
         "score": "sigmoid(pred_logits) * sigmoid(presence_logit_dec)",
         "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
-                      "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0"},
+                      "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0",
+                      "special_tokens": list(SPECIAL_TOKENS),
+                      "clean": "ftfy.fix_text, html.unescape twice, whitespace runs to one space, strip, lower case",
+                      "reference": "Meta's sam3/model/tokenizer_ve.py SimpleTokenizer (open_clip's)"},
         "versions": {**index["platform"], "transformers": package_version("transformers")},
         "inductor_options": index["inductor_options"],
         "toolchain": index["toolchain"],

@@ -1,10 +1,15 @@
 """SAM3's text tokenizer (CLIP BPE, context 32) with no network and no transformers.
 
-Ids equal SAM3's own: `<|startoftext|>` 49406, words, `<|endoftext|>` 49407, then 0 padding. The merges
-come from the checkpoint's tokenizer files when given, else from the CLIP vocabulary that the
+Ids equal those of Meta's tokenizer (`sam3/model/tokenizer_ve.py`, a copy of open_clip's `SimpleTokenizer`):
+the text is cleaned as Meta cleans it (`ftfy.fix_text`, HTML unescaped twice, whitespace runs collapsed, lower
+case), then `<start_of_text>` 49406, words, `<end_of_text>` 49407 (Meta's spelling: a prompt holding that
+literal text gets the special id), then 0 padding; past 30 words the rest is dropped, as Meta does.
+`tests/fixtures/meta_tokenizer_ids.json` holds Meta's ids for a few hundred prompts; the tests compare.
+The merges come from the checkpoint's tokenizer files when given, else from the CLIP vocabulary that the
 open-clip-torch wheel ships (`bpe_simple_vocab_16e6.txt.gz`); the file is read, the package never imported.
-Needs only the standard library (and torch for `encode_prompts`): with the `regex` module the word
-splitter is CLIP's own pattern, without it an `re` equivalent that differs only on rare numerals (e.g. "½").
+Without `regex` the words are split by `split_words_stdlib`, which finds what Meta's pattern finds (tested on
+the fixture and on random text). Without `ftfy`, text that ftfy would repair (mojibake, ligatures, full-width
+letters, curly quotes) gets other ids, with a warning.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import gzip
 import html
 import json
 import re
+import unicodedata
 from importlib import metadata
 from pathlib import Path
 
@@ -29,15 +35,73 @@ VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
 # Tokenizer files a checkpoint folder may carry (HF's, then Meta's), read by `checkpoint_merges`.
 CHECKPOINT_TOKENIZER_FILES = ("merges.txt", "tokenizer.json", "vocab.json", VOCAB_FILE)
 _NUM_MERGES = 49152 - 256 - 2
-_SPECIAL = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|"
-# Without `regex` (a torch-only consumer): letters = word characters minus digits and "_".
-STDLIB_PATTERN = re.compile(_SPECIAL + r"[^\W\d_]+|\d|(?:[^\s\w]|_)+", re.IGNORECASE)
+SPECIAL_TOKENS = ("<start_of_text>", "<end_of_text>")  # Meta's spelling (CLIP's was <|startoftext|>)
+_LITERALS = "|".join(SPECIAL_TOKENS) + r"|'s|'t|'re|'ve|'m|'ll|'d"
+# Unicode's White_Space, what `regex`'s \s matches (the standard library's \s also takes \x1c-\x1f).
+_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+         "\u2028\u2029\u202f\u205f\u3000"
+_STDLIB_LITERALS = re.compile(_LITERALS, re.IGNORECASE)
+_STDLIB_WHITESPACE = re.compile(f"[{_SPACE}]+")
 try:
     import regex
 
-    _PATTERN = regex.compile(_SPECIAL + r"[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+", regex.IGNORECASE)
+    _PATTERN = regex.compile(_LITERALS + r"|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+", regex.IGNORECASE)
+    _WHITESPACE = regex.compile(r"\s+")
 except ImportError:
-    _PATTERN = STDLIB_PATTERN
+    _PATTERN, _WHITESPACE = None, _STDLIB_WHITESPACE
+
+
+def _kind(char: str) -> str:
+    if char in _SPACE:
+        return " "
+    return unicodedata.category(char)[0] if unicodedata.category(char)[0] in "LN" else "other"
+
+
+def split_words_stdlib(text: str) -> list[str]:
+    """What Meta's pattern (`<start_of_text>|...|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+`) finds, without
+    `regex`: at each position the literals first, then a run of letters, one number, or a run of the rest."""
+    words, i = [], 0
+    while i < len(text):
+        if literal := _STDLIB_LITERALS.match(text, i):
+            words.append(literal.group())
+            i = literal.end()
+            continue
+        kind, j = _kind(text[i]), i + 1
+        if kind == " ":
+            i = j
+            continue
+        if kind != "N":
+            while j < len(text) and _kind(text[j]) == kind:
+                j += 1
+        words.append(text[i:j])
+        i = j
+    return words
+
+
+def split_words(text: str) -> list[str]:
+    return _PATTERN.findall(text) if _PATTERN is not None else split_words_stdlib(text)
+
+
+try:
+    from ftfy import fix_text
+except ImportError:
+    fix_text = None
+
+
+def clean(text: str) -> str:
+    """Meta's `_clean_lower`: ftfy, HTML unescaped twice, whitespace collapsed, lower case."""
+    if fix_text is not None:
+        text = fix_text(text)
+    elif not text.isascii():
+        _warn_without_ftfy()
+    text = html.unescape(html.unescape(text)).strip()
+    return _WHITESPACE.sub(" ", text).strip().lower()
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_without_ftfy() -> None:
+    log.warning("ftfy is not installed: prompts with curly quotes, ligatures, full-width letters or mojibake get "
+                "other ids than Meta's tokenizer gives; install ftfy")
 
 
 def bundled_vocab_path() -> Path:
@@ -78,7 +142,8 @@ def checkpoint_merges(folder: Path) -> tuple[str, Path] | None:
     tokenizer = ClipTokenizer(text, source=source)
     if (folder / "vocab.json").is_file():
         vocab = json.loads((folder / "vocab.json").read_text())
-        if vocab != tokenizer.encoder:
+        words = {t: i for t, i in tokenizer.encoder.items() if i < START}  # special tokens: any spelling
+        if {t: i for t, i in vocab.items() if i < START} != words or sorted(set(vocab.values()) - set(words.values())) != [START, END]:
             raise ConfigError(f"{folder / 'vocab.json'} does not match the merges in {source.name}: "
                               "the checkpoint's tokenizer files disagree; copy them again")
     return text, source
@@ -101,13 +166,13 @@ class ClipTokenizer:
     def __init__(self, merges_text: str, source: Path | str = "the BPE merges file"):
         merges = [tuple(line.split()) for line in merges_text.split("\n")[1 : _NUM_MERGES + 1]]
         vocab = list(_bytes_to_unicode().values())
-        vocab += [v + "</w>" for v in vocab] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+        vocab += [v + "</w>" for v in vocab] + ["".join(m) for m in merges] + list(SPECIAL_TOKENS)
         self.encoder = {token: i for i, token in enumerate(vocab)}
-        if self.encoder.get("<|startoftext|>") != START or self.encoder.get("<|endoftext|>") != END:
+        if [self.encoder.get(t) for t in SPECIAL_TOKENS] != [START, END]:
             raise ConfigError(f"{source} is not CLIP's 49408-token BPE vocabulary (SAM3's): "
                               "use the checkpoint's own merges.txt or bpe_simple_vocab_16e6.txt.gz")
         self.ranks = {m: i for i, m in enumerate(merges)}
-        self._cache: dict[str, str] = {}
+        self._cache: dict[str, list[str]] = {t: [t] for t in SPECIAL_TOKENS}  # never split, as in Meta's
 
     @classmethod
     def bundled(cls) -> "ClipTokenizer":
@@ -135,10 +200,9 @@ class ClipTokenizer:
         return word
 
     def encode(self, text: str) -> list[int]:
-        text = " ".join(html.unescape(html.unescape(text)).split()).lower()
         byte_map = _bytes_to_unicode()
         ids = []
-        for piece in _PATTERN.findall(text):
+        for piece in split_words(clean(text)):
             piece = "".join(byte_map[b] for b in piece.encode("utf-8"))
             ids.extend(self.encoder[t] for t in self._bpe(piece))
         return ids
@@ -149,9 +213,9 @@ class ClipTokenizer:
             raise InputError(f"prompts must be a non-empty list of strings, got {prompts!r}")
         rows = []
         for prompt in prompts:
-            if not isinstance(prompt, str) or not prompt.strip():
+            words = self.encode(prompt) if isinstance(prompt, str) else []
+            if not words:
                 raise InputError(f"prompt {prompt!r} is empty: give a noun phrase such as \"a solar panel\"")
-            words = self.encode(prompt)
             if len(words) > CONTEXT_LENGTH - 2:
                 log.warning("prompt %r is %d tokens long; the model reads %d: the last %d are dropped",
                             prompt, len(words), CONTEXT_LENGTH - 2, len(words) - CONTEXT_LENGTH + 2)
