@@ -51,7 +51,7 @@ def test_a_verify_tolerance_reruns_verify_alone(built_repo):
 def test_a_failing_gate_fails_the_task_and_unmarks_the_package(built_repo):
     config = built_repo / "pipeline.toml"
     text = config.read_text()
-    config.write_text(text.replace("max_abs = 1e-3", "max_abs = -1.0", 1))  # nothing can pass
+    config.write_text(text.replace("max_abs = 1e-5", "max_abs = -1.0", 1))  # nothing can pass
     try:
         proc = run_doit(built_repo, "device=cpu", check=False)
         assert proc.returncode != 0

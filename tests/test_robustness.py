@@ -35,7 +35,7 @@ def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
 @pytest.mark.parametrize("old, new, words", [
     ("shapes = [[1, 1], [2, 3], [3, 4]]", "shapes = [[0, 1]]", "[verify] shapes must be a list of [batch, prompts]"),
     ("shapes = [[1, 1], [2, 3], [3, 4]]", 'shapes = "big"', "got 'big'"),
-    ("max_abs = 1e-3 ", 'max_abs = "abc" ', "[verify.tolerances.fp32] max_abs must be a number"),
+    ("max_abs = 1e-5", 'max_abs = "abc"', "[verify.tolerances.fp32] max_abs must be a number"),
     ("shapes = [[1, 1], [2, 3], [4, 4]]", "shapes = [[0, 1]]", "[bench] shapes must be"),
     ("[profiles.tiny]", "[old.tiny]", "has no [profiles] table"),
     ("example_batch = 2", "example_batch = 1", "example_batch must be an integer >= 2"),

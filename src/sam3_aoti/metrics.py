@@ -23,11 +23,11 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def top_k_overlap(a: torch.Tensor, b: torch.Tensor, k: int = 5) -> float:
-    """Mean over pairs of |top-k(a) ∩ top-k(b)| / k, on [N, Q] scores."""
+    """The worst pair's |top-k(a) ∩ top-k(b)| / k, on [N, Q] scores: a mean would let a few pairs with
+    entirely different top-k sets hide among many good ones."""
     k = min(k, a.shape[-1])
     ia, ib = a.topk(k, dim=-1).indices, b.topk(k, dim=-1).indices
-    same = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(ia, ib)]
-    return sum(same) / len(same)
+    return min(len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(ia, ib))
 
 
 def mask_iou(a: torch.Tensor, b: torch.Tensor, band: float = 0.0) -> torch.Tensor:
@@ -42,10 +42,11 @@ def mask_iou(a: torch.Tensor, b: torch.Tensor, band: float = 0.0) -> torch.Tenso
 
 
 def compare(candidate, reference, k: int = 5, mask_band: float = 0.0) -> dict:
-    """Per output max |diff| and pearson r, plus agreement on the reference's top-k queries of each pair:
+    """Per output max |diff|, pearson r and the reference's own max |value| (for relative limits), plus agreement on the reference's top-k queries of each pair:
     top-1 score, top-k index overlap, matched-query box max |diff| and worst mask IoU (see `mask_iou`)."""
     result = {
-        name: {"max_abs": float((c.float() - r.float()).abs().max()), "pearson": pearson(c, r)}
+        name: {"max_abs": float((c.float() - r.float()).abs().max()), "pearson": pearson(c, r),
+               "ref_max_abs": float(r.float().abs().max())}
         for name, c, r in zip(OUTPUT_NAMES, candidate, reference)
     }
     sc, sr = scores(candidate), scores(reference)

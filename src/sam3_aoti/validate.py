@@ -53,7 +53,7 @@ TOLERANCES = {
     "top1_score_abs": (_number, "a number"), "top5_overlap_min": (_unit, "a number between 0 and 1"),
     "box_abs": (_number, "a number"), "mask_iou_min": (_unit, "a number between 0 and 1"),
 }
-OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number")}
+OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number"), "max_rel": (_number, "a number")}
 PARITY_TOLERANCES = {"score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
                      "top5_overlap_min": (_unit, "a number between 0 and 1"),
                      "mask_iou_min": (_unit, "a number between 0 and 1")}
