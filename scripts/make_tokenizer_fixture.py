@@ -82,9 +82,10 @@ def main() -> None:
     rows = tokenizer(PROMPTS).tolist()
     cases = [{"prompt": p, "ids": row} for p, row in zip(PROMPTS, rows)]  # 32 ids each, zero padded
     versions = {name: metadata.version(name) for name in ("open-clip-torch", "ftfy", "regex")}
-    OUT.write_text(json.dumps({"reference": "open_clip.tokenizer.SimpleTokenizer(context_length=32), "
-                                            "the tokenizer Meta's sam3/model/tokenizer_ve.py copies",
-                               "versions": versions, "cases": cases}, indent=1, ensure_ascii=True) + "\n")
+    header = {"reference": "open_clip.tokenizer.SimpleTokenizer(context_length=32), the tokenizer Meta's "
+                           "sam3/model/tokenizer_ve.py copies", "versions": versions}
+    lines = ",\n".join(json.dumps(case, ensure_ascii=True) for case in cases)  # one prompt per line
+    OUT.write_text(json.dumps(header)[:-1] + ', "cases": [\n' + lines + "\n]}\n")
     print(f"{len(cases)} prompts -> {OUT}")
 
 

@@ -9,8 +9,9 @@ Hashing 1.7 GB costs about a second, as much as loading it. A check that passed 
 remembers a clean file: by the file's identity and change times (device, inode, size, mtime and ctime, in
 nanoseconds; ctime moves on every write and cannot be set back), so a service's next start skips the hash until
 the file changes. As in git, a file changed within the last second is never remembered: file times tick coarsely,
-and a write in the same tick would leave them as they were. The record lives in the user's cache ($SAM3_AOTI_CACHE, else $XDG_CACHE_HOME/sam3-aoti, else
-~/.cache/sam3-aoti); where it cannot be written, every load hashes.
+and a write in the same tick would leave them as they were. The record lives in the user's cache
+($SAM3_AOTI_CACHE, else $XDG_CACHE_HOME/sam3-aoti, else ~/.cache/sam3-aoti); where it cannot be written, every
+load hashes.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ except ImportError:
 def _kind(char: str) -> str:
     if char in _SPACE:
         return " "
-    return unicodedata.category(char)[0] if unicodedata.category(char)[0] in "LN" else "other"
+    major = unicodedata.category(char)[0]  # L: letter, N: number
+    return major if major in "LN" else "other"
 
 
 def split_words_stdlib(text: str) -> list[str]:
@@ -143,7 +144,8 @@ def checkpoint_merges(folder: Path) -> tuple[str, Path] | None:
     if (folder / "vocab.json").is_file():
         vocab = json.loads((folder / "vocab.json").read_text())
         words = {t: i for t, i in tokenizer.encoder.items() if i < START}  # special tokens: any spelling
-        if {t: i for t, i in vocab.items() if i < START} != words or sorted(set(vocab.values()) - set(words.values())) != [START, END]:
+        specials = sorted(i for i in vocab.values() if i >= START)
+        if {t: i for t, i in vocab.items() if i < START} != words or specials != [START, END]:
             raise ConfigError(f"{folder / 'vocab.json'} does not match the merges in {source.name}: "
                               "the checkpoint's tokenizer files disagree; copy them again")
     return text, source
