@@ -41,14 +41,13 @@ _LITERALS = "|".join(SPECIAL_TOKENS) + r"|'s|'t|'re|'ve|'m|'ll|'d"
 _SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
          "\u2028\u2029\u202f\u205f\u3000"
 _STDLIB_LITERALS = re.compile(_LITERALS, re.IGNORECASE)
-_STDLIB_WHITESPACE = re.compile(f"[{_SPACE}]+")
+_WHITESPACE = re.compile(f"[{_SPACE}]+")  # Meta's regex.sub(r"\s+", " ", ...)
 try:
     import regex
 
     _PATTERN = regex.compile(_LITERALS + r"|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+", regex.IGNORECASE)
-    _WHITESPACE = regex.compile(r"\s+")
 except ImportError:
-    _PATTERN, _WHITESPACE = None, _STDLIB_WHITESPACE
+    _PATTERN = None
 
 
 def _kind(char: str) -> str:
