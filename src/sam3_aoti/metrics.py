@@ -43,7 +43,8 @@ def mask_iou(a: torch.Tensor, b: torch.Tensor, band: float = 0.0) -> torch.Tenso
 
 def compare(candidate, reference, k: int = 5, mask_band: float = 0.0) -> dict:
     """Per output max |diff|, pearson r and the reference's own max |value| (for relative limits), plus
-    agreement on the reference's top-k queries of each pair: top-1 score, top-k index overlap, matched-query box max |diff| and worst mask IoU (see `mask_iou`)."""
+    agreement on the reference's top-k queries of each pair: top-1 score, top-k index overlap, matched-query
+    box max |diff| and worst mask IoU (see `mask_iou`)."""
     result = {
         name: {"max_abs": float((c.float() - r.float()).abs().max()), "pearson": pearson(c, r),
                "ref_max_abs": float(r.float().abs().max())}
