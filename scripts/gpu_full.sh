@@ -3,7 +3,7 @@
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
 #   bf16:  full model, random weights: toolchain to verify, then bench (speed and every consumer's load
 #          time), then new weights (seed 1): re-package without recompiling, verify again
-#   fp32:  the same build in fp32, verify; parity with Meta's SAM3 (GPU test); bench
+#   fp32:  the same build in fp32, verify; parity with Meta's SAM3 (GPU test)
 #   tiny:  the GPU test (the whole default chain of the tiny profile on CUDA), then the C++ consumer on its package
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
@@ -52,7 +52,6 @@ fp32_build() {
 fp32_after() {
     cd "$WORK/fp32" || return 1
     step fp32-parity-test scripts/gpu_run.sh --pytest -m gpu -k parity tests/test_gpu.py
-    step fp32-bench scripts/gpu_run.sh bench $SAM3 precision=fp32
 }
 
 tiny_part() {
@@ -111,6 +110,7 @@ case "${1:-}" in
         run_all "$@"
         echo "$(date +%T) end all" >> "$RESULTS/status" ;;
     wait)
+        [[ -f $RESULTS/status ]] || { echo "no run on this machine (a fresh one: the last was handed back)" >&2; exit 1; }
         deadline=$((SECONDS + ${2:-570}))
         while ! grep -q "end all" "$RESULTS/status" 2>/dev/null && ((SECONDS < deadline)); do sleep 5; done
         pack

@@ -63,9 +63,11 @@ def built_repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from sam3_aoti.model import random_model, tiny_config
+    """The tiny profile's random-init model, as the weights stage builds it from pipeline.toml."""
+    from sam3_aoti.config import load_settings
+    from sam3_aoti.weights import build_model
 
-    return random_model(tiny_config(), seed=0)
+    return build_model(load_settings(device="cpu"))
 
 
 def hf_tokenizer_files(folder: Path, merges_text: str) -> None:

@@ -8,7 +8,7 @@ from sam3_aoti.errors import ConfigError
 from sam3_aoti.parity import check, markdown, run, write_meta_checkpoint
 from sam3_aoti.paths import ProfilePaths
 
-TOLERANCES = {"score_abs": 1e-3, "box_abs": 1e-3, "top5_overlap_min": 0.8, "mask_iou_min": 0.98}
+TOLERANCES = {"score_abs": 1e-3, "box_abs": 1e-3, "top5_overlap_min": 0.8, "mask_iou_min": 0.98, "pixels_max_levels": 1}
 
 
 def row(**changes):
@@ -19,9 +19,10 @@ def row(**changes):
 
 def test_gates_pass_at_fp32_noise_and_name_each_failure():
     assert check([row()], TOLERANCES) == []
-    failures = check([row(top1_same=False), row(case="coins", score_abs=0.01, topk_mask_iou_min=0.5)], TOLERANCES)
+    failures = check([row(top1_same=False), row(case="coins", score_abs=0.01, topk_mask_iou_min=0.5),
+                      row(case="camera", pixels_max_levels=3.0, pixels_differ=0.2)], TOLERANCES)
     assert failures == ["astronaut: top-1 query differs", "coins: score_abs 0.01 (limit 0.001)",
-                        "coins: topk_mask_iou_min 0.5 (limit 0.98)"]
+                        "coins: topk_mask_iou_min 0.5 (limit 0.98)", "camera: transforms differ from Meta's by 3 levels"]
     report = {"tolerances": TOLERANCES, "cases": [row()], "failures": [], "passed": True, "weights": "random",
               "random_weights": True, "meta_sam3": "0.1.4"}
     assert "| astronaut | a person | ✓ |" in markdown(report) and "random init" in markdown(report)

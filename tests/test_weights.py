@@ -46,6 +46,62 @@ def test_key_table_maps_metas_full_model_onto_transformers_exactly():
         k: v.shape for k, v in meta.items() if "sam2_convs" not in k and "freqs_cis" not in k and "points_" not in k}
 
 
+TRANSFORMERS_KEYS = Path(__file__).parent / "data" / "transformers_sam3_key_mapping.txt"
+
+
+def differences_from_transformers() -> list[str]:
+    """Meta keys that `to_transformers` names differently from transformers' own conversion script
+    (tests/data/transformers_sam3_key_mapping.txt, written by scripts/make_transformers_key_fixture.py)."""
+    from transformers import Sam3Config, Sam3Model
+
+    with torch.device("meta"):
+        model_keys = Sam3Model(Sam3Config()).state_dict().keys()
+    differ = []
+    for line in TRANSFORMERS_KEYS.read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        meta, *theirs = line.split()
+        ours, _ = to_transformers({"detector." + meta: torch.zeros(3, 6)})
+        if ours and sorted(ours) != sorted(theirs):
+            differ.append(f"{meta}: ours {sorted(ours)}, transformers {theirs}")
+        if not ours and any(name in model_keys for name in theirs):  # we drop it: so must transformers
+            differ.append(f"{meta}: dropped by us, transformers loads it as {theirs}")
+    return differ
+
+
+def test_key_table_agrees_with_transformers_conversion_script():
+    assert differences_from_transformers() == []
+
+
+def test_swapping_two_same_shaped_entries_of_the_key_table_is_caught(monkeypatch):
+    """The audit's example: the decoder's norm1/norm2 swapped passes a round trip through our own table."""
+    from sam3_aoti import meta_checkpoint
+
+    swap = {"detr_decoder.layers.{n}.vision_cross_attn_layer_norm.": "detr_decoder.layers.{n}.self_attn_layer_norm.",
+            "detr_decoder.layers.{n}.self_attn_layer_norm.": "detr_decoder.layers.{n}.vision_cross_attn_layer_norm."}
+    monkeypatch.setattr(meta_checkpoint, "KEY_MAP", [(m, swap.get(hf, hf)) for m, hf in meta_checkpoint.KEY_MAP])
+    meta_checkpoint._rules.cache_clear()
+    try:
+        differ = differences_from_transformers()
+    finally:
+        monkeypatch.undo()
+        meta_checkpoint._rules.cache_clear()
+    assert len(differ) == 2 * 6 * 2  # norm1 and norm2 (weight, bias) of each of the 6 decoder layers
+
+
+def test_random_init_gives_every_tensor_distinct_values(tiny_model):
+    """No constant tensor and no two equal tensors of one shape, so a swapped conversion entry changes outputs."""
+    params = dict(tiny_model.named_parameters())
+    constant = [name for name, p in params.items() if p.numel() > 1 and bool(p.min() == p.max())]
+    assert constant == []
+    by_shape: dict = {}
+    for name, p in params.items():
+        by_shape.setdefault(tuple(p.shape), []).append(name)
+    equal = [(a, b) for names in by_shape.values() for i, a in enumerate(names) for b in names[i + 1:]
+             if torch.equal(params[a], params[b])]
+    assert equal == []
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, tiny_model):
     """The tiny model written in both formats, as a user would have them."""

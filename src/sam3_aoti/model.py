@@ -36,6 +36,7 @@ TINY_CONFIG = {
             "window_size": 4,
             "global_attn_indexes": [1, 3],
             "pretrain_image_size": 112,
+            "layer_norm_eps": 1e-5,  # Meta's ViT (see full_config)
         },
         "fpn_hidden_size": 32,
         "backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]],
@@ -45,8 +46,9 @@ TINY_CONFIG = {
         "vocab_size": 49408,
         "max_position_embeddings": 32,
         "hidden_size": 64,
-        "intermediate_size": 128,
-        "projection_dim": 64,
+        "intermediate_size": 256,  # Meta's text encoder fixes mlp_ratio = 4
+        "hidden_act": "gelu",  # as Sam3Config's (CLIPTextConfig's own default is quick_gelu)
+        "projection_dim": 512,  # Meta's text encoder fixes output_dim = 512 (its pooled output is unused)
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
     },
@@ -75,10 +77,25 @@ def full_config() -> Sam3Config:
     return config
 
 
-def random_model(config: Sam3Config, seed: int) -> Sam3Model:
-    """A seeded random-init model: the same seed gives the same weights on any machine."""
+def random_model(config: Sam3Config, seed: int, matrix_gain: float | None = None, bias_noise: float = 0.0) -> Sam3Model:
+    """A seeded random-init model: the same seed gives the same weights on any machine.
+
+    transformers' init leaves every bias at 0 and every norm weight at 1 (about 900 of SAM3's tensors), so
+    same-shaped tensors are equal and a conversion table that swaps two of them passes every check; its
+    std 0.02 also leaves a small model nearly deaf to its inputs. So seeded N(0, bias_noise) noise is added
+    to every vector and constant tensor, and with `matrix_gain` every matrix is redrawn as
+    N(0, gain^2 / fan_in), which keeps activations of order one through the layers."""
     torch.manual_seed(seed)
-    return Sam3Model(config).eval()
+    model = Sam3Model(config).eval()
+    noise = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if matrix_gain is not None and param.dim() >= 2:
+                fan_in = param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=noise) * (matrix_gain / fan_in**0.5))
+            elif bias_noise and (param.dim() < 2 or bool(param.min() == param.max())):
+                param.add_(torch.randn(param.shape, generator=noise) * bias_noise)
+    return model
 
 
 class _StaticShapeDetrDecoder(Sam3DetrDecoder):
@@ -123,12 +140,40 @@ def use_eager_attention_where_masked(model: Sam3Model) -> None:
         layer.self_attn.config._attn_implementation = "sdpa"
 
 
+# Run in fp32 inside a bf16 model: the DETR decoder refines each box over its layers (inverse sigmoid, add,
+# sigmoid), and bf16 keeps a box coordinate to 1/256 (4 px at 1008) at every step; they cost ~2 ms at 2x3.
+FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
+
+
+def _cast(value, dtype: torch.dtype):
+    if torch.is_tensor(value) and value.is_floating_point():
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _inputs_to(dtype: torch.dtype):
+    """A forward pre-hook that hands a module its floating inputs in its own dtype."""
+    return lambda module, args, kwargs: (_cast(args, dtype), {k: _cast(v, dtype) for k, v in kwargs.items()})
+
+
+def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype) -> None:
+    """Mixed precision for a low-precision model: `FP32_IN_BF16` in fp32, the rest (ViT, text, DETR encoder,
+    mask decoder: nearly all the work) in `dtype`; each part gets its inputs in its own dtype."""
+    for name in FP32_IN_BF16:
+        getattr(model, name).float().register_forward_pre_hook(_inputs_to(torch.float32), with_kwargs=True)
+    model.mask_decoder.register_forward_pre_hook(_inputs_to(dtype), with_kwargs=True)
+
+
 class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
     def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32):
         super().__init__()
         model.to(dtype)
+        if dtype != torch.float32:
+            keep_box_path_fp32(model, dtype)
         self.dtype = dtype
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
@@ -179,16 +224,20 @@ class Sam3Grounding(nn.Module):
 
 
 class ImageTransforms(nn.Module):
-    """Any `[B,3,H,W]` float image batch in [0, 255] -> the model's `[B,3,S,S]` normalized input."""
+    """Any `[B,3,H,W]` float image batch in [0, 255] -> the model's `[B,3,S,S]` normalized input.
+
+    Meta's Sam3Processor resizes the uint8 image and keeps it uint8 (torchvision v2: bilinear, antialias,
+    then round to whole levels on the GPU), and only then scales to [0, 1]: the same steps here, so the
+    pixels the model sees are Meta's (tests/test_meta_parity.py measures it)."""
 
     def __init__(self, image_size: int):
         super().__init__()
         self.image_size = image_size
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(
-            images / 255.0, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False, antialias=True
-        )
+        x = F.interpolate(images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False,
+                          antialias=True)
+        x = x.round().clamp(0, 255) / 255.0
         return (x - IMAGE_MEAN) / IMAGE_STD
 
 

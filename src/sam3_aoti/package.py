@@ -34,7 +34,7 @@ log = logging.getLogger("sam3_aoti")
 
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
     from .config import package_version
-    from .model import IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
+    from .model import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
     from .tokenizer import CONTEXT_LENGTH, END, PAD, SPECIAL_TOKENS, START
 
     model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
@@ -47,6 +47,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "weights": settings.weights,
         "random_weights": settings.weights == "random",
         "precision": settings.precision,
+        "fp32_parts": list(FP32_IN_BF16) if settings.precision != "fp32" else [],
         "device": settings.device,
         "models": {
             "model": {
@@ -65,7 +66,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
                 "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
                 "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
                 "normalize": {"mean": IMAGE_MEAN, "std": IMAGE_STD, "after_scale": 1 / 255},
-                "resize": "bilinear, antialias",
+                "resize": "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Processor)",
             },
         },
         "box_format": "cxcywh, normalized to [0, 1]",

@@ -3,7 +3,8 @@
 The profile's weights are written in Meta's format (`sam3.pt`, through `meta_checkpoint.to_meta`) and
 loaded by Meta's own builder; our converter must read that file back to the very same tensors. Then, on
 the cases' photographs and prompts, the package and Meta's model see the same pixels: their outputs are
-compared query by query (full fp32: Meta's import turns TF32 on, this stage turns it off again).
+compared query by query (full fp32: Meta's import turns TF32 on, this stage turns it off again). The
+package's transforms are compared with Meta's Sam3Processor transform of the same photographs.
 Meta's code needs CUDA, triton and torchvision, so this runs where those are (the H200).
 """
 
@@ -103,13 +104,16 @@ def run(settings: Settings) -> None:
     rows = []
     with torch.inference_mode():
         for case in load_cases():
-            pixels = package.transforms(to_tensor(case.load_image(), settings.device))
+            image = case.load_image()
+            pixels = package.transforms(to_tensor(image, settings.device))
             ours = package.model(pixels, package.encode_prompts(case.prompts).to(settings.device))
-            rows.append(case_row(case, ours, meta_outputs(model, pixels, case.prompts, settings.device)))
+            row = case_row(case, ours, meta_outputs(model, pixels, case.prompts, settings.device))
+            rows.append({**row, **pixel_difference(pixels, meta_pixels(model, image, pixels.shape[-1], settings.device))})
     failures = check(rows, tolerances)
     report = {"tolerances": tolerances, "cases": rows, "failures": failures, "passed": not failures,
               "weights": settings.weights, "random_weights": settings.weights == "random",
-              "meta_sam3": package_version("sam3"), "seconds": round(time.perf_counter() - t0, 1)}
+              "meta_sam3": package_version("sam3"), "versions": package.metadata["versions"],
+              "date": time.strftime("%Y-%m-%d"), "seconds": round(time.perf_counter() - t0, 1)}
     write_text_atomic(paths.parity_json, json.dumps(report, indent=2) + "\n")
     write_text_atomic(paths.parity_md, markdown(report))
     record(paths.manifest, "parity", [paths.parity_json, paths.parity_md],
@@ -117,6 +121,21 @@ def run(settings: Settings) -> None:
     log.info("parity report %s", paths.parity_md)
     if failures:
         raise DriftError(f"package differs from Meta's SAM3: {failures[0]} (and {len(failures) - 1} more)")
+
+
+def meta_pixels(model, image, size: int, device: str):
+    """Meta's Sam3Processor transform of an HxWx3 uint8 image (resized as uint8, then normalized)."""
+    import torch
+    from sam3.model.sam3_image_processor import Sam3Processor
+
+    processor = Sam3Processor(model, resolution=size, device=device)
+    return processor.transform(torch.from_numpy(image).permute(2, 0, 1).to(device)).unsqueeze(0)
+
+
+def pixel_difference(ours, theirs) -> dict:
+    """Our transforms against Meta's, in uint8 levels (one level is 2/255 after normalizing)."""
+    diff = (ours.float() - theirs.float()).abs() * 127.5
+    return {"pixels_max_levels": round(float(diff.max()), 3), "pixels_differ": float((diff > 1e-3).float().mean())}
 
 
 def case_row(case, ours, theirs) -> dict:
@@ -143,19 +162,25 @@ def check(rows: list[dict], tolerances: dict) -> list[str]:
                                      ("topk_mask_iou_min", tolerances["mask_iou_min"], lambda v, t: v < t)]:
             if worse(row[metric], limit):
                 failures.append(f"{row['case']}: {metric} {row[metric]:.3g} (limit {limit})")
+        if row.get("pixels_max_levels", 0.0) > tolerances["pixels_max_levels"]:
+            failures.append(f"{row['case']}: transforms differ from Meta's by {row['pixels_max_levels']:.3g} levels")
     return failures
 
 
 def markdown(report: dict) -> str:
     weights = "random init" if report["random_weights"] else report["weights"]
+    versions = ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())
     lines = [f"# Parity with Meta's SAM3 (sam3 {report['meta_sam3']}; weights: {weights})", "",
+             f"{report.get('date', '')}: {versions}", "",
              f"Verdict: {'pass' if report['passed'] else 'FAIL'}; tolerances {report['tolerances']}", "",
-             "| case | prompts | top-1 same | top-5 overlap | score abs | box abs | mask IoU min | logits max abs |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | prompts | top-1 same | top-5 overlap | score abs | box abs | mask IoU min | logits max abs "
+             "| pixels: max levels, share differing |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["cases"]:
+        pixels = f"{r['pixels_max_levels']:.0f}, {r['pixels_differ']:.2%}" if "pixels_differ" in r else "-"
         lines.append(f"| {r['case']} | {', '.join(r['prompts'])} | {'✓' if r['top1_same'] else '✗'} | "
                      f"{r['top5_overlap']:.2f} | {r['score_abs']:.2e} | {r['matched_box_abs']:.2e} | "
-                     f"{r['topk_mask_iou_min']:.4f} | {r['pred_logits']['max_abs']:.2e} |")
+                     f"{r['topk_mask_iou_min']:.4f} | {r['pred_logits']['max_abs']:.2e} | {pixels} |")
     return "\n".join(lines + [""] + [f"- {f}" for f in report["failures"]]) + "\n"
 
 

@@ -56,8 +56,10 @@ TOLERANCES = {
 OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number"), "max_rel": (_number, "a number")}
 PARITY_TOLERANCES = {"score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
                      "top5_overlap_min": (_unit, "a number between 0 and 1"),
-                     "mask_iou_min": (_unit, "a number between 0 and 1")}
+                     "mask_iou_min": (_unit, "a number between 0 and 1"), "pixels_max_levels": (_number, "a number")}
 ARCHITECTURES = ("tiny", "full")
+RANDOM_INIT = {"bias_noise": (lambda v: _number(v) and v >= 0, "a number >= 0")}
+OPTIONAL_RANDOM_INIT = {"matrix_gain": (lambda v: _number(v) and v > 0, "a number > 0")}
 
 
 def _check(path: Path, where: str, table: dict, key: str, spec: tuple, required: bool = True) -> None:
@@ -94,6 +96,12 @@ def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple)
                           f"keep {', '.join(profiles)}")
     for (name, key), spec in PIPELINE_KEYS.items():
         _check(path, name, _table(path, tables, name), key, spec)
+    for architecture in ARCHITECTURES:
+        where = f"weights.random_init.{architecture}"
+        for key, spec in RANDOM_INIT.items():
+            _check(path, where, _table(path, tables, where), key, spec)
+        for key, spec in OPTIONAL_RANDOM_INIT.items():
+            _check(path, where, _table(path, tables, where), key, spec, required=False)
     tolerances = _table(path, tables, "verify.tolerances")
     for precision in sorted(tolerances):
         if precision not in precisions:

@@ -261,6 +261,10 @@ def run(settings: Settings) -> None:
         raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                          f"rebuild with `uv run doit compile device={settings.device}`")
     fallback = package.exported_only()
+    if settings.precision == "fp32":  # PyTorch runs cuDNN convolutions in TF32 by default: compare real fp32
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
     eager, transforms = eager_reference(settings)
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)

@@ -87,9 +87,10 @@ def build_model(settings: Settings):
 
     if settings.weights == "random":
         config = tiny_config() if settings.architecture == "tiny" else full_config()
-        seed = settings.stage("weights").get("seed", 0)
-        log.info("random init (%s architecture, seed %d)", settings.architecture, seed)
-        return random_model(config, seed)
+        options = settings.stage("weights")
+        spread = options["random_init"][settings.architecture]
+        log.info("random init (%s architecture, seed %d, %s)", settings.architecture, options["seed"], spread)
+        return random_model(config, options["seed"], spread.get("matrix_gain"), spread["bias_noise"])
     path = Path(settings.weights)
     if path.is_dir() and (path / "config.json").exists():
         log.info("loading HF-format checkpoint %s", path)
