@@ -8,8 +8,9 @@ prompt (as Sam3Processor does for text prompts), with Meta's own tokenizer.
 
 Runs in this folder's environment (torchvision, timm):
   uv run --project meta_reference python meta_reference/meta_reference.py REQUEST.pt RESULT.pt
-REQUEST.pt: {"config": config.json as a dict, "checkpoint": path of sam3.pt, "bpe": CLIP's BPE vocabulary,
-             "images": [uint8 [3,H,W]], "pixels": [[1,3,S,S] float], "prompts": [[str]]}
+REQUEST.pt: {"image_size": S, "images": [uint8 [3,H,W]], and for the model (else only the transform runs):
+             "config": config.json as a dict, "checkpoint": path of sam3.pt, "bpe": CLIP's BPE vocabulary,
+             "pixels": [[1,3,S,S] float], "prompts": [[str]]}
 RESULT.pt:  {"pixels": [Meta's transform of each image], "outputs": [(logits, boxes, masks, presence) per
              pixels entry, one row per prompt]}
 """
@@ -140,15 +141,14 @@ def main() -> None:
     request = torch.load(sys.argv[1], weights_only=False)
     if not torch.cuda.is_available():  # Meta's box encoder pins host memory for a copy to CUDA: no-op here
         torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
-    torch.manual_seed(0)
-    model = build(request["config"], request["bpe"])
-    load(model, request["checkpoint"])
-    size = request["config"]["vision_config"]["backbone_config"]["image_size"]
-    processor = Sam3Processor(model, resolution=size, device="cpu")
+    processor = Sam3Processor(None, resolution=request["image_size"], device="cpu")
     with torch.inference_mode():
-        result = {"pixels": [processor.transform(image).unsqueeze(0) for image in request["images"]],
-                  "outputs": [grounding(model, pixels, prompts)
-                              for pixels, prompts in zip(request["pixels"], request["prompts"])]}
+        result = {"pixels": [processor.transform(image).unsqueeze(0) for image in request["images"]]}
+        if "checkpoint" in request:
+            model = build(request["config"], request["bpe"])
+            load(model, request["checkpoint"])
+            result["outputs"] = [grounding(model, pixels, prompts)
+                                 for pixels, prompts in zip(request["pixels"], request["prompts"])]
     torch.save(result, sys.argv[2])
 
 

@@ -56,16 +56,22 @@ def meta(built_repo, tmp_path_factory):
         pixels = [package.transforms(image[None].float()) for image in raw]
     from transformers import Sam3Config
 
-    request = {"config": Sam3Config.from_pretrained(art / "weights" / "checkpoint").to_dict(),
+    config = Sam3Config.from_pretrained(art / "weights" / "checkpoint")
+    request = {"config": config.to_dict(), "image_size": config.vision_config.backbone_config.image_size,
                "checkpoint": str(tmp / "sam3.pt"), "bpe": str(bundled_vocab_path()), "images": raw,
                "pixels": pixels[:len(cases)], "prompts": [list(case.prompts) for case in cases]}
-    torch.save(request, tmp / "request.pt")
+    return package, cases, pixels, run_meta_reference(request, tmp)
+
+
+def run_meta_reference(request: dict, folder) -> dict:
+    """meta_reference.py on `request`, in meta_reference's own environment (uv builds it on first use)."""
+    torch.save(request, folder / "request.pt")
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}  # ours, not the one uv builds there
     proc = subprocess.run([uv(), "run", "--project", str(META_PROJECT), "--locked", "--quiet", "python",
-                           str(META_PROJECT / "meta_reference.py"), str(tmp / "request.pt"), str(tmp / "result.pt")],
-                          capture_output=True, text=True, env=env)
+                           str(META_PROJECT / "meta_reference.py"), str(folder / "request.pt"),
+                           str(folder / "result.pt")], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return package, cases, pixels, torch.load(tmp / "result.pt", weights_only=False)
+    return torch.load(folder / "result.pt", weights_only=False)
 
 
 def test_package_matches_metas_sam3_query_by_query(meta, built_repo):
