@@ -15,10 +15,10 @@ import torch
 
 from sam3_aoti.cases import load_cases
 from sam3_aoti.config import load_settings
-from sam3_aoti.model import eager_reference
 from sam3_aoti.parity import case_row, meta_model, meta_outputs, write_meta_checkpoint
 from sam3_aoti.postprocess import to_tensor
 from sam3_aoti.tokenizer import encode_prompts
+from sam3_aoti.weights import eager_reference
 
 
 def main() -> None:

@@ -8,10 +8,11 @@ import torch
 
 from sam3_aoti.cases import load_cases
 from sam3_aoti.config import load_settings
-from sam3_aoti.model import OUTPUT_NAMES, eager_reference
+from sam3_aoti.contract import OUTPUT_NAMES
 from sam3_aoti.package import load_package
 from sam3_aoti.paths import ProfilePaths
 from sam3_aoti.postprocess import to_tensor
+from sam3_aoti.weights import eager_reference
 
 
 def main() -> None:

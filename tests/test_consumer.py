@@ -158,3 +158,18 @@ def test_info_on_a_bad_file_is_one_line_and_exit_2(package_path, tmp_path):
         proc = info(name, cwd=tmp_path)
         assert proc.returncode == 2 and words in proc.stderr, (name, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, (name, proc.stderr)
+
+
+def test_predict_does_not_import_transformers_and_the_contract_not_torch(package_path, tmp_path):
+    """`predict` is torch + the archive (transformers is a 20 s cold import); the contract imports no torch."""
+    Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(tmp_path / "dark.png")
+    probe = ("import sys; from sam3_aoti.cli import main; import sam3_aoti.contract; "
+             f"main(['predict', {str(package_path)!r}, '--image', 'dark.png', '--prompt', 'a car']); "
+             "print(sorted(m for m in ('transformers', 'sam3_aoti.model', 'sam3_aoti.weights') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    proc = subprocess.run([sys.executable, "-c", "import sys, sam3_aoti.contract; print('torch' in sys.modules)"],
+                          env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "False"

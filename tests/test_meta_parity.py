@@ -16,7 +16,7 @@ from sam3_aoti import verify
 from sam3_aoti.cases import load_cases
 from sam3_aoti.config import load_settings
 from sam3_aoti.meta_checkpoint import to_meta
-from sam3_aoti.model import OUTPUT_NAMES
+from sam3_aoti.contract import OUTPUT_NAMES
 from sam3_aoti.package import load_package
 from sam3_aoti.parity import case_row, check
 from sam3_aoti.tokenizer import bundled_vocab_path

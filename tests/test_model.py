@@ -99,21 +99,20 @@ def test_transforms_resize_any_image_to_the_model_input():
     torch.testing.assert_close(flat, torch.ones(1, 3, 112, 112))  # 255 -> 1.0 -> (1 - 0.5) / 0.5
 
 
-def test_bf16_keeps_the_box_path_in_fp32_and_boxes_closer_to_fp32(tiny_model, monkeypatch):
+def test_bf16_keeps_the_box_path_in_fp32_and_boxes_closer_to_fp32(tiny_model):
     """bf16 holds a box coordinate to 1/256 at each of the decoder's refinement steps; with the decoder and
     the scoring in fp32 (FP32_IN_BF16) the boxes of a bf16 model land nearer the fp32 model's."""
     import copy
 
-    from sam3_aoti import model as wrapper_module
+    from sam3_aoti.contract import FP32_IN_BF16
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=11)
-    mixed_model, fp32_names = copy.deepcopy(tiny_model), wrapper_module.FP32_IN_BF16
+    mixed_model = copy.deepcopy(tiny_model)
     with torch.no_grad():
         reference = Sam3Grounding(copy.deepcopy(tiny_model)).eval()(images, token_ids)
         mixed = Sam3Grounding(mixed_model, torch.bfloat16).eval()(images, token_ids)
-        monkeypatch.setattr(wrapper_module, "FP32_IN_BF16", ())  # everything in bf16, as before
-        plain = Sam3Grounding(copy.deepcopy(tiny_model), torch.bfloat16).eval()(images, token_ids)
-    assert {p.dtype for name in fp32_names for p in getattr(mixed_model, name).parameters()} == {torch.float32}
+        plain = Sam3Grounding(copy.deepcopy(tiny_model), torch.bfloat16, fp32_parts=()).eval()(images, token_ids)
+    assert {p.dtype for name in FP32_IN_BF16 for p in getattr(mixed_model, name).parameters()} == {torch.float32}
     assert mixed_model.vision_encoder.backbone.layers[0].mlp.fc1.weight.dtype == torch.bfloat16
     box_error = lambda out: float((out[1] - reference[1]).abs().max())  # noqa: E731
     assert box_error(mixed) < box_error(plain)

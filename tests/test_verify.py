@@ -183,7 +183,8 @@ def test_each_perturbation_of_a_real_build_fails_verify(tiny_outputs, name, prec
 def test_the_tiny_model_reacts_to_image_and_prompt_far_beyond_its_limits(built_repo):
     """A gate is only as good as the signal under it: each output of the tiny CI model must move with the
     photograph and with the prompt by at least 100x the fp32 limit verify holds it to (pipeline.toml)."""
-    from sam3_aoti.model import OUTPUT_NAMES, eager_reference
+    from sam3_aoti.contract import OUTPUT_NAMES
+    from sam3_aoti.weights import eager_reference
     from sam3_aoti.postprocess import to_tensor
 
     settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")

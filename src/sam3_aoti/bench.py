@@ -105,7 +105,8 @@ def _load_in_fresh_process(name, loader, package, device, env) -> dict[str, floa
 def run(settings: Settings) -> None:
     import torch
 
-    from .model import eager_reference, example_inputs
+    from .model import example_inputs
+    from .weights import eager_reference
     from .package import load_package
 
     paths, opts = ProfilePaths.of(settings), settings.stage("bench")

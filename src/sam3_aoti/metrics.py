@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .model import OUTPUT_NAMES
+from .contract import OUTPUT_NAMES
 
 
 def scores(outputs) -> torch.Tensor:

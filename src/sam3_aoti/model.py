@@ -17,10 +17,8 @@ from transformers import Sam3Config, Sam3Model
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3VisionEncoderOutput
 
+from .contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
 from .tokenizer import CONTEXT_LENGTH, END, START
-
-IMAGE_MEAN = 0.5  # after scaling to [0, 1]
-IMAGE_STD = 0.5
 
 # A SAM3 small enough to export and AOT-compile on 2 CPU cores in a minute or two.
 TINY_CONFIG = {
@@ -140,11 +138,6 @@ def use_eager_attention_where_masked(model: Sam3Model) -> None:
         layer.self_attn.config._attn_implementation = "sdpa"
 
 
-# Run in fp32 inside a bf16 model: the DETR decoder refines each box over its layers (inverse sigmoid, add,
-# sigmoid), and bf16 keeps a box coordinate to 1/256 (4 px at 1008) at every step; they cost ~2 ms at 2x3.
-FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
-
-
 def _cast(value, dtype: torch.dtype):
     if torch.is_tensor(value) and value.is_floating_point():
         return value.to(dtype)
@@ -158,10 +151,12 @@ def _inputs_to(dtype: torch.dtype):
     return lambda module, args, kwargs: (_cast(args, dtype), {k: _cast(v, dtype) for k, v in kwargs.items()})
 
 
-def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype) -> None:
-    """Mixed precision for a low-precision model: `FP32_IN_BF16` in fp32, the rest (ViT, text, DETR encoder,
-    mask decoder: nearly all the work) in `dtype`; each part gets its inputs in its own dtype."""
-    for name in FP32_IN_BF16:
+def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype, fp32_parts: tuple = FP32_IN_BF16) -> None:
+    """Mixed precision for a low-precision model: `contract.FP32_IN_BF16` in fp32, the rest (ViT, text, DETR
+    encoder, mask decoder: nearly all the work) in `dtype`; each part gets its inputs in its own dtype. The
+    DETR decoder refines each box over its layers (inverse sigmoid, add, sigmoid), and bf16 keeps a box
+    coordinate to 1/256 (4 px at 1008) at every step; the fp32 parts cost about 2 ms at 2x3 on an H200."""
+    for name in fp32_parts:
         getattr(model, name).float().register_forward_pre_hook(_inputs_to(torch.float32), with_kwargs=True)
     model.mask_decoder.register_forward_pre_hook(_inputs_to(dtype), with_kwargs=True)
 
@@ -169,11 +164,11 @@ def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype) -> None:
 class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
-    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32):
+    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16):
         super().__init__()
         model.to(dtype)
         if dtype != torch.float32:
-            keep_box_path_fp32(model, dtype)
+            keep_box_path_fp32(model, dtype, fp32_parts)
         self.dtype = dtype
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
@@ -241,16 +236,6 @@ class ImageTransforms(nn.Module):
         return (x - IMAGE_MEAN) / IMAGE_STD
 
 
-def eager_reference(settings):
-    """The eager wrapper and image transforms from the profile's checkpoint: what verify, render and bench
-    compare the package against."""
-    from .weights import load_model
-
-    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
-    return eager, ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
-
-
-OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -34,20 +34,20 @@ log = logging.getLogger("sam3_aoti")
 
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
     from .config import package_version
-    from .model import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD, OUTPUT_NAMES
+    from . import contract
     from .tokenizer import CONTEXT_LENGTH, END, PAD, SPECIAL_TOKENS, START
 
     model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
     images, _ = model_io["example_inputs"]
     side = images["shape"][2:]
     return {
-        "format": "sam3-aoti/2",
+        "format": contract.METADATA_FORMAT,
         "profile": settings.profile,
         "variant": settings.variant,
         "weights": settings.weights,
         "random_weights": settings.weights == "random",
         "precision": settings.precision,
-        "fp32_parts": list(FP32_IN_BF16) if settings.precision != "fp32" else [],
+        "fp32_parts": list(contract.FP32_IN_BF16) if settings.precision != "fp32" else [],
         "device": settings.device,
         "models": {
             "model": {
@@ -56,22 +56,22 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
                     "token_ids": {"shape": ["num_prompts", CONTEXT_LENGTH], "dtype": "int64"},
                 },
                 "outputs": {name: {"shape": ["batch*num_prompts", *o["shape"][1:]], "dtype": o["dtype"]}
-                            for name, o in zip(OUTPUT_NAMES, model_io["outputs"])},
-                "output_order": list(OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
+                            for name, o in zip(contract.OUTPUT_NAMES, model_io["outputs"])},
+                "output_order": list(contract.OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
                 "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
-                "pairing": "pair i = (image i // num_prompts, prompt i % num_prompts)",
+                "pairing": contract.PAIRING,
             },
             "transforms": {
                 "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32", "range": [0, 255]}},
                 "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
                 "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
-                "normalize": {"mean": IMAGE_MEAN, "std": IMAGE_STD, "after_scale": 1 / 255},
-                "resize": "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Processor)",
+                "normalize": {"mean": contract.IMAGE_MEAN, "std": contract.IMAGE_STD, "after_scale": 1 / 255},
+                "resize": contract.RESIZE,
             },
         },
-        "box_format": "cxcywh, normalized to [0, 1]",
-        "mask_format": "logits; > 0 is foreground",
-        "score": "sigmoid(pred_logits) * sigmoid(presence_logit_dec)",
+        "box_format": contract.BOX_FORMAT,
+        "mask_format": contract.MASK_FORMAT,
+        "score": contract.SCORE,
         "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
                       "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0",
                       "special_tokens": list(SPECIAL_TOKENS),

@@ -61,7 +61,7 @@ def run(settings: Settings) -> None:
     import torch
 
     from .cases import load_cases
-    from .model import eager_reference
+    from .weights import eager_reference
     from .package import load_package
     from .metrics import scores
     from .postprocess import instances, overlay, to_tensor

@@ -68,7 +68,7 @@ def output_limit(tol: dict, reference_max: float) -> float:
 
 def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
     """One row per output (max |diff|), per dense output (pearson r) and per score-level metric."""
-    from .model import OUTPUT_NAMES
+    from .contract import OUTPUT_NAMES
 
     checks = [(f"{name} max|diff|", metrics[name]["max_abs"], output_limit(tol, metrics[name].get("ref_max_abs", 0.0)),
                "<=") for name in OUTPUT_NAMES]
@@ -250,7 +250,7 @@ def reference_identity(settings: Settings, paths: ProfilePaths) -> dict:
 
 def run(settings: Settings) -> None:
     from .cases import load_cases
-    from .model import eager_reference
+    from .weights import eager_reference
     from .package import load_package
 
     paths = ProfilePaths.of(settings)

@@ -129,6 +129,15 @@ def load_model(settings: Settings):
     return Sam3Model.from_pretrained(folder).eval()
 
 
+def eager_reference(settings: Settings):
+    """The eager wrapper and image transforms from the profile's checkpoint: what verify, render and bench
+    compare the package against."""
+    from .model import DTYPES, ImageTransforms, Sam3Grounding
+
+    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
+    return eager, ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
+
+
 def run(settings: Settings) -> None:
     paths = ProfilePaths.of(settings)
     merges, merges_source = tokenizer_merges(settings)

@@ -1,0 +1,23 @@
+"""What a package promises its consumers, in one place, importing neither torch nor transformers: the
+exporter writes it into the metadata, the loader, `predict` and the consumer tests read it from here.
+(The tokenizer's ids and special tokens live in `tokenizer`, torch-free as well.)"""
+
+METADATA_FORMAT = "sam3-aoti/2"
+MODEL_INPUTS = ("images", "token_ids")
+OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
+OUTPUT_DTYPE = "float32"  # every output, whatever the precision inside
+
+PAIRING = "pair i = (image i // num_prompts, prompt i % num_prompts)"
+BOX_FORMAT = "cxcywh, normalized to [0, 1]"
+MASK_FORMAT = "logits; > 0 is foreground"
+SCORE = "sigmoid(pred_logits) * sigmoid(presence_logit_dec)"
+
+# transforms: [B,3,H,W] float in [0, 255] -> resized, rounded to uint8 levels, / 255, then (x - mean) / std.
+IMAGE_RANGE = (0, 255)
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.5
+RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Processor)"
+
+# Parts of a low-precision build that run in fp32 (model.keep_box_path_fp32 says why).
+FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
+
