@@ -27,7 +27,7 @@ guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit
 
 def task_toolchain():
     return stage_task("toolchain", "CUDA toolkit for AOTInductor (pip wheels if needed) and a doctor with a probe",
-                      ["probe"], [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
+                      [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
                       machine={"CUDA_HOME": os.environ.get("CUDA_HOME"), "CXX": os.environ.get("CXX"),
                                "nvcc": shutil.which("nvcc")})
 
@@ -45,52 +45,51 @@ def weights_inputs(weights: str) -> list[Path]:
 
 def task_weights():
     return stage_task("weights", "Write the profile's checkpoint (seeded random init, HF folder or Meta's sam3.pt)",
-                      ["model", "meta_checkpoint", "tokenizer"], weights_inputs(SETTINGS.weights),
+                      weights_inputs(SETTINGS.weights),
                       [*PATHS.checkpoint_files, PATHS.tokenizer_merges], weights=SETTINGS.weights)
 
 
 def task_export():
     return stage_task("export", "torch.export model + transforms with dynamic batch/prompts; re-run at new shapes",
-                      ["model"], PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
+                      PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
 
 
 def task_compile():
     # Keyed by the program digest (graphs, signatures, weight layouts), not the weights: a new seed or
-    # checkpoint of the same architecture re-packages without running AOTInductor again.
-    return {**stage_task("compile", "AOTInductor-compile both programs into code without weights (the slow part)",
-                         ["weights_blob"], [PATHS.program_digest], [PATHS.compiled_index], toolchain=True),
-            "task_dep": ["toolchain"]}
+    # checkpoint of the same architecture re-packages without running AOTInductor again. cuda.env (a
+    # target of toolchain) names the toolkit and the versions that shape the compiled code.
+    return stage_task("compile", "AOTInductor-compile both programs into code without weights (the slow part)",
+                      [PATHS.program_digest, ENV_FILE], [PATHS.compiled_index])
 
 
 def task_package():
     return stage_task("package", "Compiled code + current weights (one copy) -> sam3.pt2; exported fallback beside it",
-                      ["model", "tokenizer", "weights_blob"], [PATHS.compiled_index, PATHS.exported, PATHS.program_digest,
-                                               PATHS.tokenizer_merges, *PATHS.checkpoint_files],
+                      [PATHS.compiled_index, PATHS.exported, PATHS.program_digest, PATHS.tokenizer_merges,
+                       *PATHS.checkpoint_files],
                       [PATHS.package, PATHS.fallback_package, *map(digest_file, [PATHS.package, PATHS.fallback_package])])
 
 
 def task_verify():
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
-                      ["metrics", "cases", "package", "postprocess"], [PATHS.package, PATHS.fallback_package, DEFAULT_CASES],
+                      [PATHS.package, PATHS.fallback_package, DEFAULT_CASES],
                       [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 
 def task_render():
     # After verify (a failed gate stops here), but verify's report is no input of the pictures.
     return {**stage_task("render", "Pictures: eager beside AOTI per case, top-mask differences, score scatter",
-                         ["postprocess", "cases", "package", "metrics"], [PATHS.package, DEFAULT_CASES],
+                         [PATHS.package, DEFAULT_CASES],
                          [PATHS.render_index]),
             "task_dep": ["verify"]}
 
 
 def task_bench():
     return stage_task("bench", "Latency table: eager vs exported program vs AOTI at several (B, P) (not in the default run)",
-                      ["package"], [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md])
+                      [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md])
 
 
 def task_parity():
     return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32; needs the sam3 package)",
-                      ["meta_checkpoint", "metrics", "cases", "package", "postprocess"],
                       [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])
 
 

@@ -31,7 +31,7 @@ step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times t
 
 checkout() {  # checkout PART: a fresh copy of this checkout (with .whl) at $WORK/PART
     rm -rf "${WORK:?}/$1" && mkdir -p "$WORK/$1"
-    tar --exclude=./artifacts --exclude=./env/cuda.env -cf - . | tar -xf - -C "$WORK/$1"
+    tar --exclude=./artifacts -cf - . | tar -xf - -C "$WORK/$1"
 }
 
 bf16_build() {

@@ -5,6 +5,7 @@ Nothing here imports torch: `doit list` stays instant. Stage work happens in `sa
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from sam3_aoti.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.config import load_settings  # noqa: E402
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
 from sam3_aoti.paths import ProfilePaths  # noqa: E402
+from sam3_aoti.toolchain import env_file  # noqa: E402
 
 VARIABLES = ("profile", "device", "precision", "weights", "config")
 
@@ -49,12 +51,35 @@ SETTINGS = _settings()
 if SETTINGS.notice:
     print(f"sam3-aoti: {SETTINGS.notice}", file=sys.stderr)
 PATHS = ProfilePaths.of(SETTINGS)
-ENV_FILE = ROOT / "env" / "cuda.env"
+ENV_FILE = env_file(SETTINGS)
 
 
-def sources(*modules: str) -> list[str]:
-    """The library modules a stage's result depends on: editing one reruns that stage."""
-    return [str(SOURCES / f"{m}.py") for m in modules]
+def imported_modules(module: str) -> set[str]:
+    """The sam3_aoti modules `module` imports anywhere in its source (function-level imports too) or runs
+    (`python -m sam3_aoti.probe`)."""
+    found = set()
+    for node in ast.walk(ast.parse((SOURCES / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sam3_aoti."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("sam3_aoti."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("sam3_aoti."):
+            found.add(node.value.split(".")[1])
+    return {m for m in found if (SOURCES / f"{m}.py").exists()}
+
+
+def sources(stage: str) -> list[str]:
+    """Every library module the stage imports, directly or not, read from the code (never a hand list that
+    goes stale): editing one reruns the stage."""
+    seen, todo = set(), [stage]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += imported_modules(module)
+    return [str(SOURCES / f"{m}.py") for m in sorted(seen)]
 
 
 def stage_command(name: str) -> list[str]:
@@ -69,12 +94,14 @@ def stage_command(name: str) -> list[str]:
 
 
 def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
-    """The environment of a stage process: ours, the checkout's library first, plus env/cuda.env, except
-    for `toolchain`, which writes that file: it must probe the machine as it is, or a fix recorded by an
-    earlier run (CXX) makes the probe pass, is left out of the new file, and the compile crashes."""
+    """The environment of a stage process: ours, the checkout's library first, Inductor's caches in the
+    variant's folder (no global temp cache changes a build; a rebuild reuses its kernels), plus the
+    toolchain's cuda.env, except for `toolchain`, which writes that file: it must probe the machine as it
+    is, or a fix recorded by an earlier run (CXX) makes the probe pass, is left out of the new file, and
+    the compile crashes."""
     from sam3_aoti.toolchain import read_env_file
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(PATHS.inductor_cache)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     if name != "toolchain":
         env.update(read_env_file(env_file, env))
@@ -82,7 +109,7 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
 
 
 def run_stage(name: str):
-    """Each stage in its own process: memory is returned between full-size stages, env/cuda.env applies
+    """Each stage in its own process: memory is returned between full-size stages, cuda.env applies
     before torch is imported, and a crash in native code fails the task instead of killing doit."""
     proc = subprocess.run(stage_command(name), cwd=ROOT, env=stage_env(name))
     if proc.returncode == 0:
@@ -91,30 +118,13 @@ def run_stage(name: str):
     return TaskFailed(f"stage {name} failed ({how}); log: {PATHS.log(name).relative_to(ROOT)}")
 
 
-class fingerprint_changed(config_changed):
-    """config_changed over a stage's options; with `toolchain=True` also over env/cuda.env as it is when doit
-    checks the task (after `toolchain` ran), not when the dodo was loaded. One object per task: doit keeps
-    a single `_config_changed` value per task, so two would overwrite each other's saved digest."""
-
-    def __init__(self, options: dict, toolchain: bool = False):
-        super().__init__(options)
-        self.options, self.toolchain = options, toolchain
-
-    def _calc_digest(self):
-        env = ENV_FILE.read_text() if self.toolchain and ENV_FILE.exists() else None
-        self.config = {**self.options, "cuda.env": env} if self.toolchain else self.options
-        return super()._calc_digest()
-
-
-def stage_task(name: str, doc: str, modules: list[str], file_dep: list, targets: list, toolchain: bool = False,
-               **fingerprint_extra) -> dict:
+def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint_extra) -> dict:
     return {
         "doc": f"{doc} [{relative(PATHS.root)}/]",
         "actions": [(run_stage, [name])],
-        "file_dep": sources(name, *modules) + [str(p) for p in file_dep],
+        "file_dep": sources(name) + [str(p) for p in file_dep],
         "targets": [str(p) for p in targets],
-        "uptodate": [fingerprint_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}, toolchain),
-                     targets_intact(name)],
+        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}), targets_intact(name)],
         "clean": True,
         "verbosity": 2,
     }

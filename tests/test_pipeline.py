@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import TINY, copy_repo, executed, run_doit
 
 STAGES = {"toolchain", "weights", "export", "compile", "package", "verify", "render"}
@@ -155,3 +157,22 @@ def test_a_missing_input_fails_the_stage_in_one_line(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in out
     assert out.count("failed: no package at") == 1
     assert f"log: {TINY}/logs/bench.log" in out
+
+
+@pytest.mark.slow
+def test_two_clean_builds_give_the_same_program_and_bitwise_equal_outputs(built_repo, tmp_path):
+    """Reproducible: another clean checkout builds the same exported archive, byte for byte, and a package
+    whose outputs equal the first one's bit for bit."""
+    import torch
+
+    from sam3_aoti.model import example_inputs, tiny_config
+    from sam3_aoti.package import load_package
+
+    repo = copy_repo(tmp_path)
+    run_doit(repo, "package", "device=cpu")
+    for rel in ("export/programs.pt2", "export/program.json"):
+        assert (repo / TINY / rel).read_bytes() == (built_repo / TINY / rel).read_bytes(), rel
+    inputs = example_inputs(tiny_config(), 2, 3, seed=3)
+    with torch.no_grad():
+        first, second = (load_package(root / TINY / "package" / "sam3.pt2").model(*inputs) for root in (built_repo, repo))
+        assert all(torch.equal(a, b) for a, b in zip(first, second))

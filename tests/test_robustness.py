@@ -315,3 +315,27 @@ def test_stages_stop_before_the_work_when_the_disk_is_too_full(built_repo, monke
         compile_stage.run(settings)
     assert time.monotonic() - t0 < 30  # refused before AOTInductor started
     assert (built_repo / TINY / "compiled" / "index.json").read_bytes() == index
+
+
+def test_a_failed_stage_says_one_line_and_logs_the_cause_whole(tmp_path, capsys):
+    """A library failure behind a stage error (e.g. AOTInductor's): one line on the terminal, the library's
+    traceback in the stage log, where a bug report needs it."""
+    from sam3_aoti.config import load_settings
+    from sam3_aoti.errors import CompileError
+    from sam3_aoti.stage import stage_logging
+
+    settings = load_settings(device="cpu", artifacts=tmp_path)
+
+    def inner():
+        raise ValueError("the generated kernel did not build")
+
+    with pytest.raises(CompileError):
+        with stage_logging(settings, "compile"):
+            try:
+                inner()
+            except ValueError as e:
+                raise CompileError(f"AOTInductor failed on model: {e}") from e
+    terminal = capsys.readouterr().err
+    assert "failed: AOTInductor failed on model" in terminal and "Traceback" not in terminal
+    log = (tmp_path / "tiny-fp32-cpu" / "logs" / "compile.log").read_text()
+    assert "Traceback" in log and "in inner" in log and "ValueError: the generated kernel did not build" in log

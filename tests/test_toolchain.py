@@ -12,7 +12,7 @@ import torch
 from sam3_aoti import toolchain
 from sam3_aoti.errors import ToolchainError
 
-from conftest import TINY
+from conftest import TINY, run_doit
 
 needs_cuda_torch = pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA toolkit to set up")
 
@@ -138,14 +138,32 @@ def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
 
 
 def test_env_file_reaches_the_compile_stage(built_repo):
-    """The compile process ran with env/cuda.env applied: its metadata records the CUDA_HOME it saw."""
+    """The compile process ran with the toolchain's cuda.env applied: its metadata records the CUDA_HOME it
+    saw. The file also names the versions that shape compiled code, and no timing: compile depends on it."""
     from sam3_aoti.package import load_package
 
-    env = toolchain.read_env_file(built_repo / "env" / "cuda.env", {"PATH": ""})
+    env_file = built_repo / "artifacts" / "toolchain" / "cuda.env"
+    env = toolchain.read_env_file(env_file, {"PATH": ""})
+    facts = dict(line[2:].split(": ", 1) for line in env_file.read_text().splitlines() if ": " in line[2:])
+    assert {"torch", "triton", "C++ compiler", "nvcc", "GPU"} <= set(facts)
     metadata = load_package(built_repo / TINY / "package" / "sam3.pt2", prefer_aoti=False).metadata
     assert metadata["toolchain"]["CUDA_HOME"] == env.get("CUDA_HOME")
     doctor = json.loads((built_repo / "artifacts" / "toolchain" / "doctor.json").read_text())
     assert doctor["probe"]["ok"] and doctor["verdict"] == "ok"
+
+
+def test_another_compiler_version_makes_compile_stale(built_repo):
+    """Compile depends on cuda.env as a file: a new toolkit, compiler or GPU there reruns it (doit then
+    reruns what follows, if compile's output changes), and nothing before it."""
+    env_file = built_repo / "artifacts" / "toolchain" / "cuda.env"
+    text = env_file.read_text()
+    env_file.write_text(text.replace("# C++ compiler: ", "# C++ compiler: another "))
+    try:
+        listing = run_doit(built_repo, "list", "--status", "device=cpu").stdout
+    finally:
+        env_file.write_text(text)
+    stale = {line.split()[1] for line in listing.splitlines() if line.startswith("R ")}
+    assert "compile" in stale and not {"weights", "export"} & stale
 
 
 def test_every_known_fix_still_compiles_and_runs_the_probe(tmp_path):

@@ -135,7 +135,7 @@ def run(settings: Settings) -> None:
                 files = aoti_compile(programs[name], inductor)
             except Exception as e:
                 raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
-                                   "(run `uv run doit toolchain` to check the compiler setup)") from None
+                                   "(run `uv run doit toolchain` to check the compiler setup)") from e
             index["compile_seconds"][name] = round(time.perf_counter() - t0, 1)
             log.info("compiled %s in %.1f s", name, index["compile_seconds"][name])
             index["models"][name] = keep_compiled(name, files, paths.exported, tmp / name)

@@ -48,7 +48,7 @@ def check_against_eager(name: str, program, eager, args, atol: float) -> float:
             got = program.module()(*args)
         except Exception as e:
             shapes = [tuple(a.shape) for a in args]
-            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from None
+            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from e
         want = eager(*args)
     got, want = (got,) if torch.is_tensor(got) else got, (want,) if torch.is_tensor(want) else want
     worst = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
@@ -77,7 +77,7 @@ def run(settings: Settings) -> None:
     try:
         model_ep = export_model(wrapper, example)
     except Exception as e:
-        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from None
+        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
     export_s = time.perf_counter() - t0
     log.info("model exported in %.1f s", export_s)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
@@ -91,7 +91,7 @@ def run(settings: Settings) -> None:
     try:
         transforms_ep = export_transforms(transforms, example_image)
     except Exception as e:
-        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from None
+        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
     check_image = (torch.rand(1, 3, 97, 150, generator=seeded) * 255).to(device)
     check_against_eager("transforms", transforms_ep, transforms, (check_image,), 1e-5)
 
@@ -109,8 +109,17 @@ def run(settings: Settings) -> None:
 
 
 def save_programs(programs: dict, path) -> None:
+    """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
+    and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
+    program digest) is left out."""
+    from torch.fx import GraphModule
     from torch.export.pt2_archive._package import package_pt2
 
+    for program in programs.values():
+        for module in program.graph_module.modules():
+            if isinstance(module, GraphModule):
+                for node in module.graph.nodes:
+                    node.meta.pop("stack_trace", None)
     package_pt2(str(path), exported_programs=programs)
 
 

@@ -94,7 +94,7 @@ def check_aoti_loads(path: Path) -> None:
     try:
         load_aoti_runners(path)
     except Exception as e:
-        raise PackageError(f"the fresh package's AOTI models do not load: {first_line(e)}") from None
+        raise PackageError(f"the fresh package's AOTI models do not load: {first_line(e)}") from e
 
 
 def link_or_copy(source: Path, target: Path) -> None:

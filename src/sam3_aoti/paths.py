@@ -100,6 +100,11 @@ class ProfilePaths:
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
+    @property
+    def inductor_cache(self) -> Path:
+        """Inductor's and Triton's caches for this variant's stages (TORCHINDUCTOR_CACHE_DIR)."""
+        return self.root / "inductor-cache"
+
     def log(self, stage: str) -> Path:
         return self.root / "logs" / f"{stage}.log"
 

@@ -21,7 +21,8 @@ class _Elapsed(logging.Formatter):
         self.stage, self.start = stage, time.monotonic()
 
     def format(self, record):
-        return f"[{self.stage} {time.monotonic() - self.start:6.1f}s] {record.getMessage()}"
+        line = f"[{self.stage} {time.monotonic() - self.start:6.1f}s] {record.getMessage()}"
+        return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line
 
 
 @contextlib.contextmanager
@@ -43,7 +44,9 @@ def stage_logging(settings: Settings, stage: str):
                  settings.precision, settings.weights)
         yield
         log.info("done")
-    except Sam3AotiError as e:
+    except Sam3AotiError as e:  # one line to the terminal; the library error behind it, whole, to the log
+        if e.__cause__ is not None:
+            log.debug("caused by", exc_info=(type(e.__cause__), e.__cause__, e.__cause__.__traceback__))
         log.error("failed: %s", e)
         raise
     except Exception as e:  # a bug or an unforeseen library error: the traceback goes to the log only

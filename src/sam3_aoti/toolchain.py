@@ -3,9 +3,10 @@ and a doctor that proves the whole compile-load-run path with a probe model.
 
 Order of preference: a toolkit already on the machine (`CUDA_HOME`, else `nvcc` on `PATH`) whose
 major.minor equals torch's CUDA; else the pinned pip wheels (env/toolchain.toml names the dependency group).
-The result is `env/cuda.env` (shell-sourceable; every later stage process starts with it) and
+The result is `artifacts/toolchain/cuda.env` (shell-sourceable; every later stage process starts with it,
+and compile depends on it: it also names the versions that shape compiled code) and
 `artifacts/toolchain/doctor.json`. When the probe fails, known fixes are tried in order and the first
-that works goes into `env/cuda.env` (and from there into the package metadata).
+that works goes into `cuda.env` (and from there into the package metadata).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from .errors import ToolchainError
 log = logging.getLogger("sam3_aoti")
 
 PIN_TABLE = REPO_ROOT / "env" / "toolchain.toml"
-ENV_FILE = REPO_ROOT / "env" / "cuda.env"
 FIX_VARIABLE = "SAM3_AOTI_TOOLCHAIN_FIX"
 
 
@@ -42,6 +42,10 @@ def toolchain_dir(settings: Settings) -> Path:
 
 def doctor_path(settings: Settings) -> Path:
     return toolchain_dir(settings) / "doctor.json"
+
+
+def env_file(settings: Settings) -> Path:
+    return toolchain_dir(settings) / "cuda.env"
 
 
 # ---- the env file ---------------------------------------------------------------------------------
@@ -60,9 +64,11 @@ def read_env_file(path: Path, base: dict | None = None) -> dict:
     return values
 
 
-def write_env_file(path: Path, values: dict[str, str]) -> None:
+def write_env_file(path: Path, values: dict[str, str], facts: dict | None = None) -> None:
+    """`facts` (versions that change compiled code) go in as comments: compile depends on this file."""
     lines = ["# Written by `uv run doit toolchain` (sam3_aoti.toolchain); every later stage starts with it.",
-             "# Source it to compile by hand with the same toolkit: . env/cuda.env"]
+             "# Source it to compile by hand with the same toolkit (. cuda.env). Build facts:"]
+    lines += [f"# {key}: {value}" for key, value in (facts or {}).items()]
     for key, value in values.items():
         suffix = '":$PATH"' if key == "PATH" else ""
         lines.append(f"export {key}={shlex.quote(value)}{suffix}")
@@ -83,12 +89,13 @@ class Toolkit:
         return self.home / "bin" / "nvcc"
 
 
-def nvcc_version(nvcc: Path) -> str | None:
+def nvcc_version(nvcc: Path, full: bool = False) -> str | None:
+    """nvcc's "release X.Y" (what torch's CUDA must match), or with `full` its build "X.Y.Z"."""
     try:
         out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.search(r"release (\d+\.\d+)", out)
+    m = re.search(r", V(\d+\.\d+\.\d+)" if full else r"release (\d+\.\d+)", out)
     return m.group(1) if m else None
 
 
@@ -405,7 +412,7 @@ def run(settings: Settings) -> dict:
         report["toolkits"] = [{**asdict(t), "home": str(t.home)} for t in toolkits]
         if toolkit:
             report["toolkit"] = {"source": toolkit.source, "home": str(toolkit.home), "nvcc": str(toolkit.nvcc),
-                                 "version": toolkit.version}
+                                 "version": toolkit.version, "release": nvcc_version(toolkit.nvcc, full=True)}
             env_values = {"CUDA_HOME": str(toolkit.home), "PATH": str(toolkit.home / "bin")}
             log.info("CUDA %s toolkit from %s: %s", toolkit.version, toolkit.source, toolkit.home)
 
@@ -419,7 +426,7 @@ def run(settings: Settings) -> dict:
             attempt = run_probe(settings.device, {**probe_env, **extra})
             report.setdefault("fix_attempts", []).append({"fix": name, **attempt})
             if attempt["ok"]:
-                log.info("fix '%s' works: recorded in env/cuda.env", name)
+                log.info("fix '%s' works: recorded in %s", name, env_file(settings))
                 env_values.update(extra, **{FIX_VARIABLE: name})
                 report["fix"] = name
                 break
@@ -429,9 +436,19 @@ def run(settings: Settings) -> dict:
             raise ToolchainError(f"the AOTI probe {probe['failure']} on {settings.device} and no known fix helps; "
                                  f"see {doctor_path(settings)}")
     report["verdict"] = "ok" if not report.get("fix") else f"ok with fix: {report['fix']}"
-    write_env_file(ENV_FILE, env_values)
+    write_env_file(env_file(settings), env_values, build_facts(report))
     write_report(settings, report)
     return report
+
+
+def build_facts(report: dict) -> dict:
+    """What can change the code AOTInductor writes, besides the graph: no paths, no timings."""
+    from .config import package_version
+
+    gpu, toolkit = report.get("gpu", {}), report.get("toolkit", {})
+    return {"torch": report["torch"], "triton": package_version("triton"), "C++ compiler": report["cxx"]["version"],
+            "nvcc": toolkit.get("release", toolkit.get("version", "-")),
+            "GPU": f"{gpu.get('gpu', '-')} (cc {gpu.get('compute_capability', '-')})"}
 
 
 def read_env_from(values: dict, base: dict) -> dict:

@@ -46,7 +46,7 @@ def load_hf_folder(folder: Path):
         model, info = Sam3Model.from_pretrained(folder, output_loading_info=True, ignore_mismatched_sizes=True)
     except Exception as e:
         raise WeightsError(f"cannot load {folder} ({first_line(e)}): the checkpoint is damaged or incomplete; "
-                           "copy it again") from None
+                           "copy it again") from e
     mismatched = [f"{key} {tuple(old)} vs model {tuple(new)}" for key, old, new in info["mismatched_keys"]]
     problems = key_problems(info["missing_keys"], info["unexpected_keys"], mismatched)
     if problems:
@@ -66,7 +66,7 @@ def load_meta_checkpoint(path: Path, config=None):
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise WeightsError(f"cannot read {path} ({first_line(e)}): not a complete PyTorch checkpoint; "
-                           "copy it again") from None
+                           "copy it again") from e
     state, unknown = to_transformers(meta_state_dict(checkpoint))
     model = Sam3Model(config or full_config()).eval()
     expected = model.state_dict()
