@@ -155,7 +155,7 @@ def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype, fp32_parts: tuple =
     """Mixed precision for a low-precision model: `contract.FP32_IN_BF16` in fp32, the rest (ViT, text, DETR
     encoder, mask decoder: nearly all the work) in `dtype`; each part gets its inputs in its own dtype. The
     DETR decoder refines each box over its layers (inverse sigmoid, add, sigmoid), and bf16 keeps a box
-    coordinate to 1/256 (4 px at 1008) at every step; the fp32 parts cost about 2 ms at 2x3 on an H200."""
+    coordinate to 1/256 (4 px at 1008) at every step. (Their cost on the H200 is not measured yet.)"""
     for name in fp32_parts:
         getattr(model, name).float().register_forward_pre_hook(_inputs_to(torch.float32), with_kwargs=True)
     model.mask_decoder.register_forward_pre_hook(_inputs_to(dtype), with_kwargs=True)

@@ -250,8 +250,8 @@ def reference_identity(settings: Settings, paths: ProfilePaths) -> dict:
 
 def run(settings: Settings) -> None:
     from .cases import load_cases
-    from .weights import eager_reference
     from .package import load_package
+    from .weights import eager_reference
 
     paths = ProfilePaths.of(settings)
     mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
