@@ -6,6 +6,7 @@ Nothing here imports torch: `doit list` stays instant. Stage work happens in `sa
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import signal
@@ -54,7 +55,8 @@ PATHS = ProfilePaths.of(SETTINGS)
 ENV_FILE = env_file(SETTINGS)
 
 
-def imported_modules(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)  # each module parsed once per doit load, however many stages import it
+def imported_modules(module: str) -> frozenset[str]:
     """The sam3_aoti modules `module` imports anywhere in its source (function-level imports too) or runs
     (`python -m sam3_aoti.probe`)."""
     found = set()
@@ -67,7 +69,7 @@ def imported_modules(module: str) -> set[str]:
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("sam3_aoti."))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("sam3_aoti."):
             found.add(node.value.split(".")[1])
-    return {m for m in found if (SOURCES / f"{m}.py").exists()}
+    return frozenset(m for m in found if (SOURCES / f"{m}.py").exists())
 
 
 def sources(stage: str) -> list[str]:

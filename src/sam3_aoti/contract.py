@@ -3,9 +3,7 @@ exporter writes it into the metadata, the loader, `predict` and the consumer tes
 (The tokenizer's ids and special tokens live in `tokenizer`, torch-free as well.)"""
 
 METADATA_FORMAT = "sam3-aoti/2"
-MODEL_INPUTS = ("images", "token_ids")
 OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
-OUTPUT_DTYPE = "float32"  # every output, whatever the precision inside
 
 PAIRING = "pair i = (image i // num_prompts, prompt i % num_prompts)"
 BOX_FORMAT = "cxcywh, normalized to [0, 1]"
@@ -20,4 +18,3 @@ RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Proc
 
 # Parts of a low-precision build that run in fp32 (model.keep_box_path_fp32 says why).
 FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
-

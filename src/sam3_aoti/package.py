@@ -62,7 +62,8 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
                 "pairing": contract.PAIRING,
             },
             "transforms": {
-                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32", "range": [0, 255]}},
+                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32",
+                                      "range": list(contract.IMAGE_RANGE)}},
                 "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
                 "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
                 "normalize": {"mean": contract.IMAGE_MEAN, "std": contract.IMAGE_STD, "after_scale": 1 / 255},
