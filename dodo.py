@@ -1,6 +1,7 @@
 """sam3-aoti: `uv run doit` builds, verifies and renders the SAM3 AOTInductor package.
 
 Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 weights=random|PATH config=PATH
+                       toolkit=pinned|machine (the CUDA toolkit: the pip wheels uv.lock pins, or the machine's)
 Each variant (profile, precision, device) builds in its own folder: artifacts/<profile>-<precision>-<device>/.
 """
 
@@ -13,7 +14,8 @@ from tasks.runs import guard
 from sam3_aoti.config import DEFAULT_CASES
 from sam3_aoti.integrity import digest_file
 from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
-from sam3_aoti.toolchain import PIN_TABLE, doctor_path
+from sam3_aoti.cuda_env import doctor_path
+from sam3_aoti.cuda_toolkit import PIN_TABLE
 
 DOIT_CONFIG = {
     "default_tasks": ["toolchain", "render"],
@@ -26,10 +28,11 @@ guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit
 
 
 def task_toolchain():
-    return stage_task("toolchain", "CUDA toolkit for AOTInductor (pip wheels if needed) and a doctor with a probe",
+    # The machine's CUDA_HOME and nvcc matter only when its toolkit is the one used (toolkit=machine).
+    machine = {"CUDA_HOME": os.environ.get("CUDA_HOME"), "nvcc": shutil.which("nvcc")} if SETTINGS.toolkit == "machine" else {}
+    return stage_task("toolchain", "CUDA toolkit for AOTInductor (the pinned pip wheels, or toolkit=machine) and a doctor with a probe",
                       [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
-                      machine={"CUDA_HOME": os.environ.get("CUDA_HOME"), "CXX": os.environ.get("CXX"),
-                               "nvcc": shutil.which("nvcc")})
+                      toolkit=SETTINGS.toolkit, machine={**machine, "CXX": os.environ.get("CXX")})
 
 
 def weights_inputs(weights: str) -> list[Path]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download, into .whl/, the wheels scripts/gpu_run.sh installs on a GPU machine without a registry:
+# Download, into .whl/ (and .cuda-whl/), the wheels scripts/gpu_run.sh installs on a GPU machine without a registry:
 # the versions uv.lock pins for what that machine's image lacks or has in another version, plus Meta's own
 # `sam3` and the few of its dependencies the image lacks (for `doit parity`; not a project dependency:
 # it needs torchvision and timm, which the project keeps out of its environment).
@@ -17,4 +17,13 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYT
     --platform manylinux2014_x86_64 -d .whl sam3==0.1.4 ftfy==6.3.1 wcwidth==0.2.14 pycocotools==2.0.10
 # iopath 0.1.10 (what sam3 asks for) is published as source only: build its pure-Python wheel here.
 python3 -m pip wheel -q --no-deps -w .whl iopath==0.1.10
-ls -la .whl
+# The pinned CUDA toolkit (pyproject's cuda13 group, 100 MB), in two folders that each fit one device call's
+# carry (64 MiB): carry .cuda-whl/nvvm on one call, .whl and .cuda-whl/rest on the next.
+mkdir -p .cuda-whl/nvvm .cuda-whl/rest
+for requirement in $(python3 -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['dependency-groups']['cuda13']))"); do
+    folder=.cuda-whl/rest; [[ $requirement == nvidia-nvvm==* ]] && folder=.cuda-whl/nvvm
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$folder" "$requirement"
+done
+ls -la .whl .cuda-whl/*

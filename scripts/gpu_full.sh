@@ -3,8 +3,11 @@
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
 #   bf16:  full model, random weights: toolchain to verify, then bench (speed and every consumer's load
 #          time), then new weights (seed 1): re-package without recompiling, verify again
-#   fp32:  the same build in fp32, verify; parity with Meta's SAM3 (GPU test)
+#   fp32:  the same build in fp32, verify; parity with Meta's SAM3
 #   tiny:  the GPU test (the whole default chain of the tiny profile on CUDA), then the C++ consumer on its package
+# Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
+# of sight (no CUDA_HOME, nothing named cuda on PATH). Where the pinned toolchain fails, a build falls back to
+# toolkit=machine (the build's log and toolkit.txt say so), so the other figures still come.
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
 #   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: bf16 tiny)
@@ -18,6 +21,26 @@ SAM3="profile=sam3 weights=random device=cuda"
 # The image's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which crashes AOTI loads; the toolchain
 # doctor finds /usr/bin/g++ by itself, after an 80 s crashing probe. Set here to save those 80 s.
 export CXX=/usr/bin/g++
+
+hidden() {  # hidden COMMAND...: with the machine's CUDA toolkit out of sight
+    env -u CUDA_HOME -u CUDA_PATH PATH="$(tr ':' '\n' <<< "$PATH" | grep -v cuda | paste -sd:)" "$@"
+}
+
+toolkit_for() {  # toolkit_for PART ARGS...: the pinned toolchain, hidden; else toolkit=machine; the choice goes to toolkit.txt
+    local part=$1
+    shift
+    if step "$part-toolchain" hidden scripts/gpu_run.sh toolchain "$@"; then echo toolkit=pinned > toolkit.txt
+    else step "$part-toolchain-machine" scripts/gpu_run.sh toolchain "$@" toolkit=machine; echo toolkit=machine > toolkit.txt
+    fi
+}
+
+build() {  # build NAME ARGS...: doit with the toolkit toolkit_for chose (hidden when pinned)
+    local name=$1 toolkit
+    shift
+    toolkit=$(cat toolkit.txt)
+    if [[ $toolkit == toolkit=pinned ]]; then step "$name" hidden scripts/gpu_run.sh "$@" "$toolkit"
+    else step "$name" scripts/gpu_run.sh "$@" "$toolkit"; fi
+}
 
 step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times to RESULTS/status
     local name=$1 rc
@@ -35,28 +58,30 @@ checkout() {  # checkout PART: a fresh copy of this checkout (with .whl) at $WOR
 }
 
 bf16_build() {
-    cd "$WORK/bf16" && step bf16-build scripts/gpu_run.sh toolchain weights export compile package verify $SAM3 precision=bf16
+    cd "$WORK/bf16" && toolkit_for bf16 $SAM3 precision=bf16
+    build bf16-build weights export compile package verify $SAM3 precision=bf16
 }
 
 bf16_after() {  # alone on the machine: bench, then a weights change that must not recompile
     cd "$WORK/bf16" || return 1
-    step bf16-bench scripts/gpu_run.sh bench $SAM3 precision=bf16
+    build bf16-bench bench $SAM3 precision=bf16
     sed 's/^seed = 0$/seed = 1/' pipeline.toml > seed1.toml
-    step bf16-new-weights scripts/gpu_run.sh verify $SAM3 precision=bf16 config=seed1.toml
+    build bf16-new-weights verify $SAM3 precision=bf16 config=seed1.toml
 }
 
 fp32_build() {
-    cd "$WORK/fp32" && step fp32-build scripts/gpu_run.sh toolchain weights export compile package verify $SAM3 precision=fp32
+    cd "$WORK/fp32" && toolkit_for fp32 $SAM3 precision=fp32
+    build fp32-build weights export compile package verify $SAM3 precision=fp32
 }
 
 fp32_after() {
     cd "$WORK/fp32" || return 1
-    step fp32-parity-test scripts/gpu_run.sh --pytest -m gpu -k parity tests/test_gpu.py
+    build fp32-parity parity $SAM3 precision=fp32
 }
 
-tiny_part() {
+tiny_part() {  # the GPU test runs the default chain (pinned toolkit), so the machine's stays hidden
     cd "$WORK/tiny" || return 1
-    step tiny-gpu-test scripts/gpu_run.sh --pytest -m gpu -k tiny --basetemp="$WORK/tiny-test" tests/test_gpu.py
+    step tiny-gpu-test hidden scripts/gpu_run.sh --pytest -m gpu -k tiny --basetemp="$WORK/tiny-test" tests/test_gpu.py
     local package=$WORK/tiny-test/test_tiny_pipeline_on_cuda0/artifacts/tiny-fp32-cuda/package/sam3.pt2
     step tiny-cpp-consumer bash -c "cmake -S examples/cpp -B $WORK/cpp-build \
         -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') \
@@ -66,7 +91,7 @@ tiny_part() {
 run_all() {
     local parts=" $* " pids=()
     for part in bf16 fp32 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
-    (cd "$WORK/${1}" && scripts/gpu_run.sh --python -c "") || return 1  # install the wheels once
+    (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" bf16 "* ]] && { bf16_build & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { fp32_build & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
@@ -87,9 +112,10 @@ pack() {
         mkdir -p "$staging/${name//\//_}"
         (cd "$root" && find . -path '*/verify/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
             \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' \
-            -o -name manifest.json -o -name doctor.json -o -name program.json \) -print0 | tar --null -T - -cf -) \
+            -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json \) -print0 | tar --null -T - -cf -) \
             | tar -xf - -C "$staging/${name//\//_}"
         ls -l "$root"/*/package > "$staging/${name//\//_}/package-ls.txt" 2>/dev/null
+        cp "${root%/artifacts}/toolkit.txt" "$staging/${name//\//_}/" 2>/dev/null
         for package in "$root"/*/package/sam3.pt2; do
             [[ -f $package ]] && (cd "${root%/artifacts}" && PYTHONPATH=/tmp/sam3-site:src python3 -m sam3_aoti.cli info \
                 "$package" > "$staging/${name//\//_}/info.txt" 2>&1)

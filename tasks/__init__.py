@@ -27,9 +27,9 @@ from sam3_aoti.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.config import load_settings  # noqa: E402
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
 from sam3_aoti.paths import ProfilePaths  # noqa: E402
-from sam3_aoti.toolchain import env_file  # noqa: E402
+from sam3_aoti.cuda_env import env_file  # noqa: E402
 
-VARIABLES = ("profile", "device", "precision", "weights", "config")
+VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 
 
 def _settings():
@@ -41,7 +41,7 @@ def _settings():
 
     try:
         check_variables(doit_cmd._CMDLINE_VARS or {}, VARIABLES)
-        settings = load_settings(*(get_var(name) for name in VARIABLES))
+        settings = load_settings(**{name: get_var(name) for name in VARIABLES})
         check_cases(DEFAULT_CASES)
         return settings
     except Sam3AotiError as e:
@@ -87,7 +87,7 @@ def sources(stage: str) -> list[str]:
 def stage_command(name: str) -> list[str]:
     """The stage's process, given the settings as resolved here (a fallback taken once, not re-decided)."""
     resolved = {"profile": SETTINGS.profile, "device": SETTINGS.device, "precision": SETTINGS.precision,
-                "weights": SETTINGS.weights, "config": get_var("config")}
+                "weights": SETTINGS.weights, "config": get_var("config"), "toolkit": SETTINGS.toolkit}
     args = [sys.executable, "-m", f"sam3_aoti.{name}"]
     for var in VARIABLES:
         if resolved[var]:
@@ -101,7 +101,7 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     toolchain's cuda.env, except for `toolchain`, which writes that file: it must probe the machine as it
     is, or a fix recorded by an earlier run (CXX) makes the probe pass, is left out of the new file, and
     the compile crashes."""
-    from sam3_aoti.toolchain import read_env_file
+    from sam3_aoti.cuda_env import read_env_file
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(PATHS.inductor_cache)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))

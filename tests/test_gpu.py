@@ -6,6 +6,7 @@ import json
 import pytest
 
 from conftest import REPO, copy_repo, run_doit
+from sam3_aoti.cuda_toolkit import load_pins
 
 
 @pytest.mark.gpu
@@ -15,6 +16,8 @@ def test_tiny_pipeline_on_cuda(tmp_path):
     doctor = json.loads((repo / "artifacts" / "toolchain" / "doctor.json").read_text())
     assert doctor["verdict"].startswith("ok")
     assert doctor["toolkit"]["version"] == ".".join(doctor["torch_cuda"].split(".")[:2])
+    if load_pins(doctor["toolkit"]["version"]):  # hermetic by default: the pinned wheels, not the machine's
+        assert doctor["toolkit"]["source"] == "pip wheels", doctor["toolkit"]
     art = repo / "artifacts" / "tiny-fp32-cuda"
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     from sam3_aoti.package import load_package

@@ -39,6 +39,9 @@ def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
     ("shapes = [[1, 1], [2, 3], [4, 4]]", "shapes = [[0, 1]]", "[bench] shapes must be"),
     ("[profiles.tiny]", "[old.tiny]", "has no [profiles] table"),
     ("example_batch = 2", "example_batch = 1", "example_batch must be an integer >= 2"),
+    ("[verify.tolerances.bf16.per_output.pred_boxes]", "[verify.tolerances.bf16.per_output.boxes]",
+     "[verify.tolerances.bf16.per_output.boxes] is not an output: use one of pred_logits"),
+    ("max_abs = 1e-3  # boxes", 'max_abs = "1px"  # boxes', "[verify.tolerances.bf16.per_output.pred_boxes] max_abs must be a number"),
 ])
 def test_a_bad_pipeline_toml_is_one_line_at_load(tmp_path, old, new, words):
     repo = copy_repo(tmp_path)

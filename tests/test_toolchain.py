@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sam3_aoti import toolchain
+from sam3_aoti import compiler_fixes, cuda_env, cuda_toolkit, toolchain
 from sam3_aoti.errors import ToolchainError
 
 from conftest import TINY, run_doit
@@ -29,12 +29,29 @@ def fake_nvcc(folder: Path, release: str) -> Path:
     return nvcc
 
 
+def fake_toolkit(home: Path, release: str) -> Path:
+    """A complete toolkit as `missing_parts` sees it (nvcc answers `release`), with versioned headers."""
+    fake_nvcc(home, release)
+    major, minor = release.split(".")
+    files = {"include/cuda_runtime.h": "", "include/cuda.h": f"#define CUDA_VERSION {int(major) * 1000 + int(minor) * 10}\n",
+             "include/cccl/cuda/std/version": "", "include/cccl/cuda/std/__cccl/version.h": "#define CCCL_VERSION 3000001\n",
+             f"lib/libcudart.so.{major}": ""}
+    for rel, text in files.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    return home
+
+
+CU13 = {"group": "cuda13", "layout": "cu13"}
+
+
 @needs_cuda_torch
 def test_pip_toolkit_is_complete_and_compiles_a_cu_file(tmp_path):
-    pins = toolchain.load_pins(torch_cuda())
-    toolkit, notes, _ = toolchain.choose_toolkit(torch_cuda(), {"PATH": "/usr/bin:/bin"}, tmp_path,
-                                                 required=True, pins=pins, install=False)
+    pins = cuda_toolkit.load_pins(torch_cuda())
+    choice = cuda_toolkit.choose_toolkit(torch_cuda(), {"PATH": "/usr/bin:/bin"}, tmp_path, required=True, pins=pins)
+    toolkit = choice.toolkit
     assert toolkit.source == "pip wheels" and toolkit.missing == [] and toolkit.version == torch_cuda()
+    assert cuda_toolkit.header_versions(toolkit.home)["CUDA headers"] == torch_cuda()
     source = tmp_path / "kernel.cu"
     source.write_text("#include <cuda_runtime.h>\n#include <cuda/std/limits>\n"
                       "__global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }\n")
@@ -45,6 +62,38 @@ def test_pip_toolkit_is_complete_and_compiles_a_cu_file(tmp_path):
     assert (tmp_path / "kernel.o").stat().st_size > 1000
 
 
+def test_pinned_wheels_win_over_a_complete_machine_toolkit_unless_asked(tmp_path):
+    """Hermetic by default: the machine's own toolkit of the right version is used only with toolkit=machine.
+    torch's runtime-only cu13 folder, earlier on the path, is passed over for the one with nvcc."""
+    machine = fake_toolkit(tmp_path / "usr-local-cuda", "13.0")
+    (tmp_path / "torch-site" / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    wheels = fake_toolkit(tmp_path / "venv-site" / "nvidia" / "cu13", "13.0")
+    roots = [tmp_path / "torch-site", tmp_path / "venv-site"]
+    env = {"CUDA_HOME": str(machine), "PATH": f"{machine}/bin:/usr/bin"}
+    pinned = cuda_toolkit.choose_toolkit("13.0", env, tmp_path, True, CU13, "pinned", roots)
+    assert (pinned.toolkit.source, pinned.toolkit.home) == ("pip wheels", wheels)
+    assert "pinned wheels (group cuda13)" in pinned.why and {t.home for t in pinned.found} == {wheels, machine}
+    asked = cuda_toolkit.choose_toolkit("13.0", env, tmp_path, True, CU13, "machine", roots)
+    assert (asked.toolkit.source, asked.toolkit.home) == ("CUDA_HOME", machine) and "toolkit=machine" in asked.why
+    unpinned = cuda_toolkit.choose_toolkit("13.0", env, tmp_path, True, None, "pinned", roots)
+    assert unpinned.toolkit.home == machine and "no pinned wheels" in unpinned.why
+
+
+def test_pinned_wheels_not_installed_is_one_line_naming_both_ways_out(tmp_path):
+    machine = fake_toolkit(tmp_path / "usr-local-cuda", "13.0")
+    with pytest.raises(ToolchainError) as err:
+        cuda_toolkit.choose_toolkit("13.0", {"CUDA_HOME": str(machine)}, tmp_path, True, CU13, "pinned", [tmp_path])
+    message = str(err.value)
+    assert "pinned CUDA 13.0 toolkit wheels are not installed" in message and "\n" not in message
+    assert "uv sync --group cuda13" in message and "toolkit=machine" in message
+
+
+def test_header_versions_are_read_from_the_headers(tmp_path):
+    home = fake_toolkit(tmp_path / "cuda", "12.8")
+    assert cuda_toolkit.header_versions(home) == {"CUDA headers": "12.8", "CCCL": "3.0.1"}
+    assert cuda_toolkit.header_versions(tmp_path / "nowhere") == {"CUDA headers": "-", "CCCL": "-"}
+
+
 def test_cuda12_components_assemble_into_one_home(tmp_path):
     site = tmp_path / "nvidia"
     fake_nvcc(site / "cuda_nvcc", "12.8")
@@ -52,49 +101,72 @@ def test_cuda12_components_assemble_into_one_home(tmp_path):
                 "cuda_cccl/include/cuda/std/version"]:
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text("")
-    home = toolchain.assemble_home([site / "cuda_nvcc", site / "cuda_cccl", site / "cuda_runtime"], tmp_path / "home")
-    assert toolchain.missing_parts(home) == []
-    assert toolchain.nvcc_version(home / "bin" / "nvcc") == "12.8"
+    pins = {"group": "cuda12", "layout": "per-component", "components": ["cuda_nvcc", "cuda_cccl", "cuda_runtime"]}
+    home = cuda_toolkit.pip_toolkit_home(pins, tmp_path / "home", roots=[tmp_path])
+    assert cuda_toolkit.missing_parts(home) == []
+    assert cuda_toolkit.nvcc_version(home / "bin" / "nvcc") == "12.8"
 
 
 def test_a_toolkit_of_another_cuda_version_is_reported_not_used(tmp_path):
-    fake_nvcc(tmp_path / "other", "12.4")
+    fake_toolkit(tmp_path / "other", "12.4")
     env = {"PATH": f"{tmp_path / 'other' / 'bin'}:/usr/bin:/bin"}
     with pytest.raises(ToolchainError, match="no complete CUDA 13.0 toolkit") as err:
-        toolchain.choose_toolkit("13.0", env, tmp_path, required=True, pins=None, install=False)
+        cuda_toolkit.choose_toolkit("13.0", env, tmp_path, required=True, pins=None)
     assert "is CUDA 12.4, torch needs 13.0: not used" in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_an_incomplete_toolkit_names_what_it_lacks(tmp_path):
     fake_nvcc(tmp_path / "bare", "13.0")
-    toolkits = toolchain.find_toolkits({"CUDA_HOME": str(tmp_path / "bare"), "PATH": "/bin"}, None, tmp_path)
-    toolkit, notes = toolchain.pick_toolkit(toolkits, "13.0")
+    toolkits = cuda_toolkit.machine_toolkits({"CUDA_HOME": str(tmp_path / "bare"), "PATH": "/bin"})
+    toolkit, notes = cuda_toolkit.pick_toolkit(toolkits, "13.0")
     assert toolkit is None
     assert "include/cuda_runtime.h" in notes[0] and "CCCL" in notes[0]
 
 
 def test_no_toolkit_is_only_a_note_for_the_cpu(tmp_path):
-    toolkit, notes, _ = toolchain.choose_toolkit("13.0", {"PATH": "/nonexistent"}, tmp_path, required=False,
-                                                 pins=None, install=False)
-    assert toolkit is None and "not needed for device=cpu" in notes[-1]
+    choice = cuda_toolkit.choose_toolkit("13.0", {"PATH": "/nonexistent"}, tmp_path, required=False, pins=None)
+    assert choice.toolkit is None and "not needed for device=cpu" in choice.notes[-1]
+
+
+def test_unknown_toolkit_choice_is_a_config_error():
+    from sam3_aoti.config import load_settings
+    from sam3_aoti.errors import ConfigError
+
+    assert load_settings(device="cpu").toolkit == "pinned"
+    assert load_settings(device="cpu", toolkit="machine").toolkit == "machine"
+    with pytest.raises(ConfigError, match="unknown toolkit='conda': use pinned"):
+        load_settings(device="cpu", toolkit="conda")
+
+
+def test_a_missing_libcuda_so_is_linked_to_the_drivers(tmp_path, monkeypatch):
+    """The pip wheels ship no libcuda.so stub, and AOTI links -lcuda: the driver's loaded library is linked."""
+    assert cuda_toolkit.loaded_library("libc.so").is_file()  # the real lookup reads /proc/self/maps
+    driver = tmp_path / "driver" / "libcuda.so.1"
+    driver.parent.mkdir()
+    driver.write_text("")
+    monkeypatch.setattr(cuda_toolkit, "loaded_library", lambda prefix: driver)
+    link = cuda_toolkit.libcuda_link_dir("g++", tmp_path)
+    assert (link / "libcuda.so").resolve() == driver
+    monkeypatch.setattr(cuda_toolkit, "loaded_library", lambda prefix: None)
+    assert cuda_toolkit.libcuda_link_dir("g++", tmp_path) is None  # no driver: nothing to link (CPU)
 
 
 def test_missing_compiler_is_one_line():
     with pytest.raises(ToolchainError, match="no C\\+\\+ compiler"):
-        toolchain.cxx_info({"CXX": "/nonexistent/g++", "PATH": "/bin"})
+        compiler_fixes.cxx_info({"CXX": "/nonexistent/g++", "PATH": "/bin"})
 
 
 def test_probe_reports_a_crash_with_its_signal():
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
-    result = toolchain.run_probe("cpu", {"PATH": "/usr/bin:/bin"}, command=crash)
+    result = compiler_fixes.run_probe("cpu", {"PATH": "/usr/bin:/bin"}, command=crash)
     assert result == {"ok": False, "seconds": result["seconds"], "failure": "crashed with SIGSEGV"}
 
 
 def test_probe_runs_aoti_on_the_cpu():
     import os
 
-    result = toolchain.run_probe("cpu", dict(os.environ))
+    result = compiler_fixes.run_probe("cpu", dict(os.environ))
     assert result["ok"], result
     assert result["max_abs_diff"] < 1e-4
 
@@ -102,12 +174,14 @@ def test_probe_runs_aoti_on_the_cpu():
 def test_env_file_round_trip_prepends_path(tmp_path):
     path = tmp_path / "cuda.env"
     fix = "regex-free parse_device_str"
-    toolchain.write_env_file(path, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/x/g++",
-                                    toolchain.FIX_VARIABLE: fix})
-    values = toolchain.read_env_file(path, {"PATH": "/usr/bin"})
+    facts = {"nvcc": "13.0.88", "C++ compiler": "g++ (Debian 12.2.0-14) 12.2.0"}
+    cuda_env.write_env_file(path, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/x/g++",
+                                    cuda_env.FIX_VARIABLE: fix}, facts)
+    assert cuda_env.read_build_facts(path) == facts
+    values = cuda_env.read_env_file(path, {"PATH": "/usr/bin"})
     assert values == {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin:/usr/bin", "CXX": "/x/g++",
-                      toolchain.FIX_VARIABLE: fix}
-    script = f". {path}; echo $CUDA_HOME; echo $PATH; echo ${toolchain.FIX_VARIABLE}"
+                      cuda_env.FIX_VARIABLE: fix}
+    script = f". {path}; echo $CUDA_HOME; echo $PATH; echo ${cuda_env.FIX_VARIABLE}"
     shell = subprocess.run(["sh", "-c", script], env={"PATH": "/usr/bin"}, capture_output=True, text=True).stdout
     assert shell.splitlines() == ["/opt/cuda", "/opt/cuda/bin:/usr/bin", fix]
 
@@ -118,19 +192,19 @@ def test_toolchain_stage_probes_the_machine_without_an_earlier_fix(tmp_path, mon
     import tasks
 
     env_file = tmp_path / "cuda.env"
-    toolchain.write_env_file(env_file, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/fix/g++",
-                                        toolchain.FIX_VARIABLE: "compiler linking libstdc++ shared: /fix/g++"})
+    cuda_env.write_env_file(env_file, {"CUDA_HOME": "/opt/cuda", "PATH": "/opt/cuda/bin", "CXX": "/fix/g++",
+                                        cuda_env.FIX_VARIABLE: "compiler linking libstdc++ shared: /fix/g++"})
     monkeypatch.setenv("CXX", "/machine/g++")
     assert tasks.stage_env("compile", env_file)["CXX"] == "/fix/g++"
     assert tasks.stage_env("toolchain", env_file)["CXX"] == "/machine/g++"
-    sourced = toolchain.read_env_file(env_file, {"PATH": "/usr/bin"})  # a user who sourced the file
+    sourced = cuda_env.read_env_file(env_file, {"PATH": "/usr/bin"})  # a user who sourced the file
     assert toolchain.machine_env({"PATH": "/usr/bin", **sourced}) == {"CUDA_HOME": "/opt/cuda",
                                                                      "PATH": "/opt/cuda/bin:/usr/bin"}
     assert toolchain.machine_env({"CXX": "/machine/g++"}) == {"CXX": "/machine/g++"}
 
 
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
-    overlay = toolchain.regex_free_overlay(tmp_path)
+    overlay = compiler_fixes.regex_free_overlay(tmp_path)
     text = (overlay / "torch/csrc/inductor/aoti_runtime/model_base.h").read_text()
     body = text[text.index("inline void parse_device_str("):text.index("class AOTInductorModelBase")]
     assert "std::regex" not in body and "device_idx = std::stoi(index)" in body
@@ -143,11 +217,12 @@ def test_env_file_reaches_the_compile_stage(built_repo):
     from sam3_aoti.package import load_package
 
     env_file = built_repo / "artifacts" / "toolchain" / "cuda.env"
-    env = toolchain.read_env_file(env_file, {"PATH": ""})
-    facts = dict(line[2:].split(": ", 1) for line in env_file.read_text().splitlines() if ": " in line[2:])
-    assert {"torch", "triton", "C++ compiler", "nvcc", "GPU"} <= set(facts)
+    env = cuda_env.read_env_file(env_file, {"PATH": ""})
+    facts = cuda_env.read_build_facts(env_file)
+    assert {"torch", "triton", "C++ compiler", "toolkit", "nvcc", "CUDA headers", "CCCL", "GPU"} <= set(facts)
     metadata = load_package(built_repo / TINY / "package" / "sam3.pt2", prefer_aoti=False).metadata
     assert metadata["toolchain"]["CUDA_HOME"] == env.get("CUDA_HOME")
+    assert metadata["toolchain"]["build"] == facts  # nvcc, header and compiler versions travel with the package
     doctor = json.loads((built_repo / "artifacts" / "toolchain" / "doctor.json").read_text())
     assert doctor["probe"]["ok"] and doctor["verdict"] == "ok"
 
@@ -170,14 +245,14 @@ def test_every_known_fix_still_compiles_and_runs_the_probe(tmp_path):
     """A fix that breaks the build would turn a crash into a compile error: each must pass on a sound machine."""
     import os
 
-    for name, extra in toolchain.candidate_fixes(tmp_path, "g++"):
-        result = toolchain.run_probe("cpu", {**os.environ, **extra})
+    for name, extra in compiler_fixes.candidate_fixes(tmp_path, "g++"):
+        result = compiler_fixes.run_probe("cpu", {**os.environ, **extra})
         assert result["ok"], (name, result)
 
 
 def test_a_compiler_that_links_libstdcxx_statically_is_detected(tmp_path):
-    assert not toolchain.links_libstdcxx_statically("g++", tmp_path)
-    static = toolchain.compiler_wrapper(tmp_path / "g++-static", shutil.which("g++"), ["-static-libstdc++"])
-    assert toolchain.links_libstdcxx_statically(str(static), tmp_path)
-    fixes = [name for name, _ in toolchain.candidate_fixes(tmp_path, str(static))]
+    assert not compiler_fixes.links_libstdcxx_statically("g++", tmp_path)
+    static = compiler_fixes.compiler_wrapper(tmp_path / "g++-static", shutil.which("g++"), ["-static-libstdc++"])
+    assert compiler_fixes.links_libstdcxx_statically(str(static), tmp_path)
+    fixes = [name for name, _ in compiler_fixes.candidate_fixes(tmp_path, str(static))]
     assert fixes[0].startswith("compiler linking libstdc++ shared: ") and fixes[-1] == "regex-free parse_device_str"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .artifacts import atomic_output, check_free_space, human_size, record, sha256
 from .config import Settings
+from .cuda_env import FIX_VARIABLE, env_file, read_build_facts
 from .errors import CompileError, first_line
 from .paths import ProfilePaths
 
@@ -126,7 +127,8 @@ def run(settings: Settings) -> None:
     programs = load_pt2(str(paths.exported)).exported_programs
     index = {"program_sha256": digest["sha256"], "inductor_options": inductor,
              "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
-             "toolchain": {k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", "SAM3_AOTI_TOOLCHAIN_FIX")}}
+             "toolchain": {**{k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
+                           "build": read_build_facts(env_file(settings))}}
     with atomic_output(paths.compiled) as tmp:
         for name in ("model", "transforms"):
             log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)

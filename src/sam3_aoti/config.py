@@ -16,6 +16,7 @@ DEFAULT_CASES = REPO_ROOT / "cases.toml"
 PROFILES = ("tiny", "sam3")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
+TOOLKITS = ("pinned", "machine")  # the CUDA toolkit AOTInductor builds with (sam3_aoti.cuda_toolkit)
 HUB_MODEL = "facebook/sam3"
 
 
@@ -41,6 +42,7 @@ class Settings:
     artifacts_root: Path
     tables: dict = field(repr=False, compare=False)
     notice: str | None = field(default=None, compare=False)  # a one-line remark for the user (a fallback taken)
+    toolkit: str = "pinned"
 
     def stage(self, name: str) -> dict:
         """The stage's own table from pipeline.toml (empty if absent)."""
@@ -89,6 +91,7 @@ def load_settings(
     weights: str | None = None,
     config: str | os.PathLike | None = None,
     artifacts: str | os.PathLike | None = None,
+    toolkit: str | None = None,
 ) -> Settings:
     config_path = Path(config) if config else DEFAULT_CONFIG
     try:
@@ -127,5 +130,8 @@ def load_settings(
         raise ConfigError("profile=tiny is always random-init: pass weights= only with profile=sam3")
     if weights != "random" and not Path(weights).exists():
         raise ConfigError(f"weights={weights} does not exist: pass weights=random or a checkpoint path")
+    toolkit = toolkit or "pinned"
+    if toolkit not in TOOLKITS:
+        raise ConfigError(f"unknown toolkit={toolkit!r}: use pinned (the pip wheels uv.lock pins) or machine")
     root = Path(artifacts) if artifacts else REPO_ROOT / "artifacts"
-    return Settings(profile, device, precision, weights, config_path, root, tables, notice)
+    return Settings(profile, device, precision, weights, config_path, root, tables, notice, toolkit)

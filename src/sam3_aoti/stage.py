@@ -87,9 +87,11 @@ def main(stage: str, fn, description: str) -> None:
     parser.add_argument("--precision", help="fp32 or bf16 (default: the profile's)")
     parser.add_argument("--weights", help="random (default) or a checkpoint path (profile sam3)")
     parser.add_argument("--config", help="pipeline.toml to read (default: the repository's)")
+    parser.add_argument("--toolkit", help="pinned (default: the pip CUDA wheels) or machine")
     args = parser.parse_args()
     try:
-        settings = load_settings(args.profile, args.device, args.precision, args.weights, args.config)
+        settings = load_settings(args.profile, args.device, args.precision, args.weights, args.config,
+                                 toolkit=args.toolkit)
     except Sam3AotiError as e:
         sys.exit(f"{stage}: {e}")
     try:

@@ -54,6 +54,7 @@ TOLERANCES = {
     "box_abs": (_number, "a number"), "mask_iou_min": (_unit, "a number between 0 and 1"),
 }
 OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number"), "max_rel": (_number, "a number")}
+PER_OUTPUT_TOLERANCES = ("max_abs", "max_rel")
 PARITY_TOLERANCES = {"score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
                      "top5_overlap_min": (_unit, "a number between 0 and 1"),
                      "mask_iou_min": (_unit, "a number between 0 and 1"), "pixels_max_levels": (_number, "a number")}
@@ -112,8 +113,29 @@ def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple)
             _check(path, where, table, key, spec)
         for key, spec in OPTIONAL_TOLERANCES.items():
             _check(path, where, table, key, spec, required=False)
+        check_per_output(path, where, table)
     for key, spec in PARITY_TOLERANCES.items():
         _check(path, "parity.tolerances", _table(path, tables, "parity.tolerances"), key, spec)
+
+
+def check_per_output(path: Path, where: str, table: dict) -> None:
+    """[verify.tolerances.<precision>.per_output.<output>]: max_abs and/or max_rel for one output."""
+    from .contract import OUTPUT_NAMES
+
+    if "per_output" not in table:
+        return
+    per_output = table["per_output"]
+    if not isinstance(per_output, dict):
+        raise ConfigError(f"{path} [{where}] per_output must be a table of outputs, got {per_output!r}: fix the file")
+    for name, own in per_output.items():
+        if name not in OUTPUT_NAMES or not isinstance(own, dict):
+            raise ConfigError(f"{path} [{where}.per_output.{name}] is not an output: use one of {', '.join(OUTPUT_NAMES)}")
+        for key in PER_OUTPUT_TOLERANCES:
+            _check(path, f"{where}.per_output.{name}", own, key, (_number, "a number"), required=False)
+        unknown = sorted(set(own) - set(PER_OUTPUT_TOLERANCES))
+        if unknown:
+            raise ConfigError(f"{path} [{where}.per_output.{name}] {unknown[0]} is not a per-output tolerance: "
+                              "use max_abs or max_rel")
 
 
 def check_tolerances_for(path: Path, tables: dict, precision: str) -> None:
