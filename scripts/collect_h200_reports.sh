@@ -25,9 +25,10 @@ for precision in bf16 fp32; do
     copy "$precision/toolkit.txt" "toolkit-$precision.txt"
     copy "$precision/info.txt" "info-$precision.txt"
 done
-copy tiny-test_test_tiny_pipeline_on_cuda0/toolchain/doctor.json doctor-tiny.json
+copy tiny/toolchain/doctor.json doctor-tiny.json
+copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt
-copy logs/tiny-gpu-test.log tiny-gpu-test.log
+copy logs/tiny-chain.log tiny-chain.log
 copy logs/tiny-cpp-consumer.log tiny-cpp-consumer.log
 copy nvidia-smi.txt nvidia-smi.txt
 ls -la "$dest"

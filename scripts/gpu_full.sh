@@ -4,7 +4,7 @@
 #   bf16:  full model, random weights: toolchain to verify, then bench (speed and every consumer's load
 #          time), then new weights (seed 1): re-package without recompiling, verify again
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3
-#   tiny:  the GPU test (the whole default chain of the tiny profile on CUDA), then the C++ consumer on its package
+#   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
 # of sight (no CUDA_HOME, nothing named cuda on PATH). Where the pinned toolchain fails, a build falls back to
 # toolkit=machine (the build's log and toolkit.txt say so), so the other figures still come.
@@ -18,9 +18,6 @@ cd "$(dirname "$0")/.."
 RESULTS=/tmp/sam3-aoti-results
 WORK=/tmp/sam3-aoti
 SAM3="profile=sam3 weights=random device=cuda"
-# The image's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which crashes AOTI loads; the toolchain
-# doctor finds /usr/bin/g++ by itself, after an 80 s crashing probe. Set here to save those 80 s.
-export CXX=/usr/bin/g++
 
 hidden() {  # hidden COMMAND...: with the machine's CUDA toolkit out of sight
     env -u CUDA_HOME -u CUDA_PATH PATH="$(tr ':' '\n' <<< "$PATH" | grep -v cuda | paste -sd:)" "$@"
@@ -79,10 +76,10 @@ fp32_after() {
     build fp32-parity parity $SAM3 precision=fp32
 }
 
-tiny_part() {  # the GPU test runs the default chain (pinned toolkit), so the machine's stays hidden
+tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
     cd "$WORK/tiny" || return 1
-    step tiny-gpu-test hidden scripts/gpu_run.sh --pytest -m gpu -k tiny --basetemp="$WORK/tiny-test" tests/test_gpu.py
-    local package=$WORK/tiny-test/test_tiny_pipeline_on_cuda0/artifacts/tiny-fp32-cuda/package/sam3.pt2
+    step tiny-chain hidden scripts/gpu_run.sh device=cuda
+    local package=$WORK/tiny/artifacts/tiny-fp32-cuda/package/sam3.pt2
     step tiny-cpp-consumer bash -c "cmake -S examples/cpp -B $WORK/cpp-build \
         -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') \
         && cmake --build $WORK/cpp-build -j8 && $WORK/cpp-build/sam3_consumer $package"
@@ -105,7 +102,7 @@ pack() {
     local staging=/tmp/sam3-aoti-pack
     rm -rf "$staging" && mkdir -p "$staging"
     cp -r "$RESULTS" "$staging/logs"
-    for root in "$WORK"/*/artifacts "$WORK"/tiny-test/*/artifacts; do
+    for root in "$WORK"/*/artifacts; do
         [[ -d $root ]] || continue
         local name=${root#"$WORK"/}
         name=${name%/artifacts}

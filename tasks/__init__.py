@@ -121,11 +121,13 @@ def run_stage(name: str):
 
 
 def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint_extra) -> dict:
+    """Paths inside the checkout are given relative to it (doit runs from dodo.py's folder), so doit's state
+    holds no absolute path: a copied or moved checkout with its artifacts is still up to date."""
     return {
         "doc": f"{doc} [{relative(PATHS.root)}/]",
         "actions": [(run_stage, [name])],
-        "file_dep": sources(name) + [str(p) for p in file_dep],
-        "targets": [str(p) for p in targets],
+        "file_dep": [str(relative(Path(p))) for p in [*sources(name), *file_dep]],
+        "targets": [str(relative(Path(p))) for p in targets],
         "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}), targets_intact(name)],
         "clean": True,
         "verbosity": 2,

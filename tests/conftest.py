@@ -19,13 +19,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """A test that needs the tiny build (minutes on a CPU) is `slow`: `pytest -m "not slow"` is the quick loop.
+    GPU tests are skipped without CUDA."""
     import torch
 
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords:
+        if "built_repo" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
 
 
@@ -39,13 +41,19 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def run_doit(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_doit(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=repo, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def stale(repo: Path, *variables: str) -> set[str]:
+    """The tasks `doit list --status` marks to run (doit's own judgement; nothing is executed)."""
+    listing = run_doit(repo, "list", "--all", "--status", "device=cpu", *variables).stdout
+    return {line.split()[1] for line in listing.splitlines() if line.startswith("R ")}
 
 
 def executed(proc: subprocess.CompletedProcess) -> set[str]:
@@ -53,11 +61,47 @@ def executed(proc: subprocess.CompletedProcess) -> set[str]:
     return {line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")}
 
 
+def start_doit(repo: Path, *args: str) -> subprocess.Popen:
+    """`doit` in the background, in a process group of its own (os.killpg stops it and its stage)."""
+    path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+
+
+_BACKGROUND: dict = {}
+
+
 @pytest.fixture(scope="session")
-def built_repo(tmp_path_factory) -> Path:
-    """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU."""
+def built_repo(tmp_path_factory, request) -> Path:
+    """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU. When the session
+    will ask for `second_clean_build`, that build starts now, beside this one: a test run is mostly one
+    busy core, and the second clean build fills the other."""
+    if any("second_clean_build" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        clean = copy_repo(tmp_path_factory.mktemp("clean"))
+        _BACKGROUND["clean"] = (clean, start_doit(clean, "package", "device=cpu"))
     repo = copy_repo(tmp_path_factory.mktemp("repo"))
     run_doit(repo, "device=cpu")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def second_clean_build(built_repo) -> Path:
+    """Another clean checkout built to `package` (started in the background by `built_repo`)."""
+    clean, proc = _BACKGROUND["clean"]
+    output, _ = proc.communicate(timeout=3600)
+    if proc.returncode != 0:
+        raise AssertionError(f"the second clean build failed ({proc.returncode}):\n{output}")
+    return clean
+
+
+@pytest.fixture
+def own_build(built_repo, tmp_path) -> Path:
+    """A copy of the built repo, artifacts and doit state included and up to date (doit's state holds only
+    checkout-relative paths), for a test that changes it: the shared build stays as built, and no test
+    spends a rebuild putting it back."""
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repo, repo, symlinks=True, ignore=shutil.ignore_patterns(".lock", "__pycache__"))
     return repo
 
 

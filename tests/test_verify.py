@@ -95,6 +95,23 @@ def test_pearson_gates_only_the_dense_outputs():
     assert failed == ["pred_masks pearson r"]
 
 
+def test_the_reference_cache_keys_by_identity_and_inputs_and_keeps_only_what_was_used(tmp_path):
+    from sam3_aoti.reference import ReferenceCache
+
+    calls = []
+    twice = lambda x: calls.append(1) or (x * 2,)  # noqa: E731
+    a, b = torch.ones(3), torch.zeros(3)
+    first = ReferenceCache(tmp_path, {"weights": "w1"})
+    first.get((a,), twice), first.get((b,), twice)
+    again = ReferenceCache(tmp_path, {"weights": "w1"})
+    assert torch.equal(again.get((a,), twice)[0], a * 2) and again.hits == 1 and len(calls) == 2
+    assert again.prune() == 1 and len(list(tmp_path.glob("*.pt"))) == 1  # b's entry was not used: gone
+    new_weights = ReferenceCache(tmp_path, {"weights": "w2"})
+    new_weights.get((a,), twice)
+    assert new_weights.hits == 0 and len(calls) == 3
+    assert new_weights.prune() == 1 and len(list(tmp_path.glob("*.pt"))) == 1
+
+
 def test_an_outputs_own_tolerance_overrides_the_shared_one():
     tol = {"max_abs": 1e-3, "max_rel": 0.06, "per_output": {"pred_boxes": {"max_abs": 1e-3, "max_rel": 0}}}
     assert verify.output_limit(tol, 0.5, "pred_masks") == pytest.approx(0.031)

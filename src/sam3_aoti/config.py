@@ -64,6 +64,7 @@ class Settings:
             "profile": self.profile,
             "device": self.device,
             "precision": self.precision,
+            "profile_table": self.tables["profiles"][self.profile],  # its architecture decides every stage
             "options": {name: self.stage(name) for name in (stage, *extra_tables)},
             "torch": package_version("torch"),
             "transformers": package_version("transformers"),

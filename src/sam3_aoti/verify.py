@@ -6,16 +6,15 @@ Runs the dynamic-shape sweep on random inputs and every case on real photographs
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from .artifacts import atomic_output, mark, record, write_text_atomic
+from .artifacts import mark, record, write_text_atomic
 from .config import Settings
 from .errors import DriftError
 from .paths import ProfilePaths
+from .reference import ReferenceCache
 
 log = logging.getLogger("sam3_aoti")
 
@@ -91,31 +90,6 @@ def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
     if opts.get("largest_shape") and tuple(opts["largest_shape"]) not in shapes:
         shapes.append(tuple(opts["largest_shape"]))
     return shapes
-
-
-class ReferenceCache:
-    """Eager outputs on disk, keyed by everything they depend on (weights, code, inputs, device,
-    precision), so a re-compile re-runs only the package, never the slow full-size eager model."""
-
-    def __init__(self, folder: Path, identity: dict):
-        self.folder, self.identity, self.hits = folder, identity, 0
-
-    def get(self, inputs: tuple, compute):
-        import torch
-
-        h = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode())
-        for t in inputs:
-            h.update(str((tuple(t.shape), t.dtype)).encode())
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        path = self.folder / f"{h.hexdigest()[:24]}.pt"
-        if path.exists():
-            self.hits += 1
-            return tuple(o.to(inputs[0].device) for o in torch.load(path))
-        outputs = compute(*inputs)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_output(path) as tmp:
-            torch.save(tuple(o.cpu() for o in outputs), tmp)
-        return outputs
 
 
 def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases, cache) -> list[Check]:
@@ -239,17 +213,6 @@ def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], in
     write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
 
 
-def reference_identity(settings: Settings, paths: ProfilePaths) -> dict:
-    """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
-    device, precision, library versions."""
-    from . import model
-
-    manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
-    weights = manifest.get("stages", {}).get("weights", {}).get("outputs", {})
-    return {"weights": weights, "model_code": hashlib.sha256(Path(model.__file__).read_bytes()).hexdigest(),
-            **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}
-
-
 def run(settings: Settings) -> None:
     from .cases import load_cases
     from .package import load_package
@@ -270,9 +233,10 @@ def run(settings: Settings) -> None:
     eager, transforms = eager_reference(settings)
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
-    cache = ReferenceCache(paths.root / "verify" / "reference", reference_identity(settings, paths))
+    cache = ReferenceCache.of(settings)
     rows = run_checks(settings, package, fallback, eager, transforms, cases, cache)
     log.info("eager reference: %d of %d from cache", cache.hits, len(sweep_shapes(settings.stage("verify"))) + len(cases))
+    cache.prune()
     for r in rows:
         log.debug("%s", r.line())
     for line in summarize(rows):
