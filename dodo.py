@@ -11,11 +11,11 @@ from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task
 from tasks.runs import guard
-from sam3_aoti.config import DEFAULT_CASES
+from sam3_aoti.config import DEFAULT_CASES, package_version
 from sam3_aoti.integrity import digest_file
 from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
 from sam3_aoti.cuda_env import doctor_path
-from sam3_aoti.cuda_toolkit import PIN_TABLE
+from sam3_aoti.cuda_toolkit import PIN_TABLE, machine_toolkit_matters
 
 DOIT_CONFIG = {
     "default_tasks": ["toolchain", "render"],
@@ -28,8 +28,9 @@ guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit
 
 
 def task_toolchain():
-    # The machine's CUDA_HOME and nvcc matter only when its toolkit is the one used (toolkit=machine).
-    machine = {"CUDA_HOME": os.environ.get("CUDA_HOME"), "nvcc": shutil.which("nvcc")} if SETTINGS.toolkit == "machine" else {}
+    # The machine's CUDA_HOME and nvcc (absolute paths) matter only where its toolkit can be the one used.
+    machine = ({"CUDA_HOME": os.environ.get("CUDA_HOME"), "nvcc": shutil.which("nvcc")}
+               if machine_toolkit_matters(SETTINGS.toolkit, package_version("torch")) else {})
     return stage_task("toolchain", "CUDA toolkit for AOTInductor (the pinned pip wheels, or toolkit=machine) and a doctor with a probe",
                       [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
                       toolkit=SETTINGS.toolkit, machine={**machine, "CXX": os.environ.get("CXX")})

@@ -88,6 +88,13 @@ def test_pinned_wheels_not_installed_is_one_line_naming_both_ways_out(tmp_path):
     assert "uv sync --group cuda13" in message and "toolkit=machine" in message
 
 
+def test_the_machines_toolkit_paths_key_the_toolchain_only_where_they_can_matter():
+    assert not cuda_toolkit.machine_toolkit_matters("pinned", "2.11.0+cu130")  # pins for 13.0
+    assert cuda_toolkit.machine_toolkit_matters("machine", "2.11.0+cu130")
+    assert cuda_toolkit.machine_toolkit_matters("pinned", "2.11.0+cu126")  # no pins for 12.6
+    assert cuda_toolkit.machine_toolkit_matters("pinned", "2.11.0")  # CUDA line unknown without torch
+
+
 def test_header_versions_are_read_from_the_headers(tmp_path):
     home = fake_toolkit(tmp_path / "cuda", "12.8")
     assert cuda_toolkit.header_versions(home) == {"CUDA headers": "12.8", "CCCL": "3.0.1"}

@@ -194,6 +194,16 @@ def load_pins(torch_cuda: str) -> dict | None:
     return table.get(torch_cuda)
 
 
+def machine_toolkit_matters(preference: str, torch_version: str) -> bool:
+    """Whether the machine's CUDA_HOME and nvcc can change the toolchain's result, told without importing torch
+    (doit's fingerprint): with toolkit=machine, or when torch's CUDA line (its "+cuXYZ" tag) has no pins or
+    cannot be read from the version."""
+    if preference == "machine":
+        return True
+    m = re.search(r"\+cu(\d+)(\d)$", torch_version)
+    return m is None or load_pins(f"{m.group(1)}.{m.group(2)}") is None
+
+
 def loaded_library(prefix: str) -> Path | None:
     """The file of a shared library this process has loaded (e.g. the driver's libcuda.so.1)."""
     try:
