@@ -140,8 +140,12 @@ def machine_toolkits(env: dict) -> list[Toolkit]:
     nvcc = shutil.which("nvcc", path=env.get("PATH", ""))
     if nvcc:
         homes.append(("PATH", Path(nvcc).resolve().parent.parent))
-    unique = {home.resolve(): (source, home) for source, home in reversed(homes)}
-    return [inspect(source, home) for source, home in reversed(list(unique.values()))]
+    found, seen = [], set()
+    for source, home in homes:  # CUDA_HOME first; the PATH nvcc only if it is another toolkit
+        if home.resolve() not in seen:
+            seen.add(home.resolve())
+            found.append(inspect(source, home))
+    return found
 
 
 def pick_toolkit(toolkits: list[Toolkit], want: str) -> tuple[Toolkit | None, list[str]]:
@@ -166,21 +170,20 @@ def choose_toolkit(want: str, env: dict, scratch: Path, required: bool, pins: di
     pip = [inspect(PIP, home)] if home else []
     if preference == "machine":
         why, candidates = "toolkit=machine: the machine's own toolkit (CUDA_HOME, else nvcc on PATH)", machine
-        fix = "set CUDA_HOME to one" + (", or drop toolkit=machine to use the pinned wheels" if pins else "")
+        message = (f"no complete CUDA {want} toolkit (torch's version): set CUDA_HOME to one"
+                   + (", or drop toolkit=machine to use the pinned wheels" if pins else ""))
     elif pins:
         why, candidates = (f"pinned wheels (group {pins['group']}) exist for torch's CUDA {want} in env/toolchain.toml; "
                            "toolkit=machine uses the machine's own instead"), pip
-        fix = f"install them with `uv sync --group {pins['group']}`, or pass toolkit=machine to use the machine's own"
+        state = "are incomplete or of another version" if pip else "are not installed"
+        message = (f"the pinned CUDA {want} toolkit wheels {state}: install them with `uv sync --group "
+                   f"{pins['group']}`, or pass toolkit=machine to use the machine's own")
     else:
         why, candidates = f"no pinned wheels for torch's CUDA {want} in env/toolchain.toml: the machine's own toolkit", machine
-        fix = f"add CUDA {want} to env/toolchain.toml and pyproject.toml's dependency groups, or set CUDA_HOME to one"
+        message = (f"no complete CUDA {want} toolkit (torch's version): add CUDA {want} to env/toolchain.toml and "
+                   "pyproject.toml's dependency groups, or set CUDA_HOME to one")
     toolkit, notes = pick_toolkit(candidates, want)
     if toolkit is None:
-        if preference != "machine" and pins:
-            state = "are incomplete or of another version" if pip else "are not installed"
-            message = f"the pinned CUDA {want} toolkit wheels {state}: {fix}"
-        else:
-            message = f"no complete CUDA {want} toolkit (torch's version): {fix}"
         if notes:
             message += f" [{notes[0]}]"
         if required:
