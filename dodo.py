@@ -88,12 +88,12 @@ def task_render():
 
 
 def task_bench():
-    return stage_task("bench", "Latency table: eager vs exported program vs AOTI at several (B, P) (not in the default run)",
-                      [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md])
+    return stage_task("bench", "Latency table and plot: Meta eager, transformers eager, exported, AOTI with/without CUDA graphs (not in the default run)",
+                      [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md, PATHS.bench_plot])
 
 
 def task_parity():
-    return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32; needs the sam3 package)",
+    return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32 or bf16; needs the sam3 package)",
                       [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])
 
 

@@ -18,6 +18,7 @@ for precision in bf16 fp32; do
     copy "$variant/verify/report.json" "verify-$precision.json"
     copy "$variant/bench/bench.md" "bench-$precision.md"
     copy "$variant/bench/bench.json" "bench-$precision.json"
+    copy "$variant/bench/bench.png" "bench-$precision.png"
     copy "$variant/parity/parity.md" "parity-$precision.md"
     copy "$variant/parity/parity.json" "parity-$precision.json"
     copy "$precision/toolchain/doctor.json" "doctor-$precision.json"
@@ -30,5 +31,8 @@ copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt
 copy logs/tiny-chain.log tiny-chain.log
 copy logs/tiny-cpp-consumer.log tiny-cpp-consumer.log
+copy logs/tiny-gpu-tests.log tiny-gpu-tests.log
+copy logs/sdpa-backends.json sdpa-backends.json
+copy logs/sdpa-backends.log sdpa-backends.txt
 copy nvidia-smi.txt nvidia-smi.txt
 ls -la "$dest"

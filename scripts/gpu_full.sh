@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Every H200 figure the README reports, in one detached run. Each part builds in its own copy of the
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
-#   bf16:  full model, random weights: toolchain to verify, then bench (speed and every consumer's load
-#          time), then new weights (seed 1): re-package without recompiling, verify again
-#   fp32:  the same build in fp32, verify; parity with Meta's SAM3
-#   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), then the C++ consumer on its package
+#   sdpa:  first and alone on the GPU: scripts/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
+#   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
+#          times), then parity with Meta's SAM3 under bf16 autocast
+#   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
+#   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
+#          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
-# of sight (no CUDA_HOME, nothing named cuda on PATH). Where the pinned toolchain fails, a build falls back to
-# toolkit=machine (the build's log and toolkit.txt say so), so the other figures still come.
+# of sight (no CUDA_HOME, nothing named cuda on PATH); TOOLKIT=machine in the environment uses the machine's
+# own from the start. Where the pinned toolchain fails, a build falls back to toolkit=machine (the build's log
+# and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
+# attentions on SDPA is retried once with them eager (pipeline.toml [export] masked_attention; its log says).
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
 #   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: bf16 tiny)
@@ -26,7 +30,8 @@ hidden() {  # hidden COMMAND...: with the machine's CUDA toolkit out of sight
 toolkit_for() {  # toolkit_for PART ARGS...: the pinned toolchain, hidden; else toolkit=machine; the choice goes to toolkit.txt
     local part=$1
     shift
-    if step "$part-toolchain" hidden scripts/gpu_run.sh toolchain "$@"; then echo toolkit=pinned > toolkit.txt
+    if [[ ${TOOLKIT:-pinned} != machine ]] && step "$part-toolchain" hidden scripts/gpu_run.sh toolchain "$@"; then
+        echo toolkit=pinned > toolkit.txt
     else step "$part-toolchain-machine" scripts/gpu_run.sh toolchain "$@" toolkit=machine; echo toolkit=machine > toolkit.txt
     fi
 }
@@ -54,31 +59,35 @@ checkout() {  # checkout PART: a fresh copy of this checkout (with .whl) at $WOR
     tar --exclude=./artifacts -cf - . | tar -xf - -C "$WORK/$1"
 }
 
-bf16_build() {
-    cd "$WORK/bf16" && toolkit_for bf16 $SAM3 precision=bf16
-    build bf16-build weights export compile package verify $SAM3 precision=bf16
+full_build() {  # full_build PRECISION: toolchain to verify; once more with eager masked attention if that fails
+    local precision=$1
+    cd "$WORK/$precision" && toolkit_for "$precision" $SAM3 precision="$precision"
+    build "$precision-build" weights export compile package verify $SAM3 precision="$precision" && return 0
+    sed 's/^masked_attention = "sdpa"$/masked_attention = "eager"/' pipeline.toml > eager-attention.toml
+    build "$precision-build-eager-attention" weights export compile package verify $SAM3 precision="$precision" \
+        config=eager-attention.toml
 }
 
-bf16_after() {  # alone on the machine: bench, then a weights change that must not recompile
+bf16_after() {  # alone on the machine: bench, then parity with Meta's model under bf16 autocast
     cd "$WORK/bf16" || return 1
-    build bf16-bench bench $SAM3 precision=bf16
-    sed 's/^seed = 0$/seed = 1/' pipeline.toml > seed1.toml
-    build bf16-new-weights verify $SAM3 precision=bf16 config=seed1.toml
-}
-
-fp32_build() {
-    cd "$WORK/fp32" && toolkit_for fp32 $SAM3 precision=fp32
-    build fp32-build weights export compile package verify $SAM3 precision=fp32
+    local config=pipeline.toml
+    [[ -f eager-attention.toml ]] && config=eager-attention.toml
+    build bf16-bench bench $SAM3 precision=bf16 config=$config
+    build bf16-parity parity $SAM3 precision=bf16 config=$config
 }
 
 fp32_after() {
     cd "$WORK/fp32" || return 1
-    build fp32-parity parity $SAM3 precision=fp32
+    local config=pipeline.toml
+    [[ -f eager-attention.toml ]] && config=eager-attention.toml
+    build fp32-parity parity $SAM3 precision=fp32 config=$config
 }
 
 tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
     cd "$WORK/tiny" || return 1
-    step tiny-chain hidden scripts/gpu_run.sh device=cuda
+    if [[ ${TOOLKIT:-pinned} == machine ]]; then step tiny-chain scripts/gpu_run.sh device=cuda toolkit=machine
+    else step tiny-chain hidden scripts/gpu_run.sh device=cuda; fi
+    step tiny-gpu-tests scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k "not parity and not tiny_pipeline"
     local package=$WORK/tiny/artifacts/tiny-fp32-cuda/package/sam3.pt2
     step tiny-cpp-consumer bash -c "cmake -S examples/cpp -B $WORK/cpp-build \
         -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') \
@@ -87,10 +96,12 @@ tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (p
 
 run_all() {
     local parts=" $* " pids=()
-    for part in bf16 fp32 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
-    [[ $parts == *" bf16 "* ]] && { bf16_build & pids+=($!); }
-    [[ $parts == *" fp32 "* ]] && { fp32_build & pids+=($!); }
+    [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
+        scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
+    [[ $parts == *" bf16 "* ]] && { full_build bf16 & pids+=($!); }
+    [[ $parts == *" fp32 "* ]] && { full_build fp32 & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && bf16_after
@@ -139,5 +150,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: scripts/gpu_full.sh start [bf16] [fp32] [tiny] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [tiny] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -90,7 +90,7 @@ def test_package_matches_metas_sam3_query_by_query(meta, built_repo):
                 limit = verify.output_limit(tol, row[name]["ref_max_abs"])
                 assert row[name]["max_abs"] <= limit, f"{case.name} {name}: {row[name]['max_abs']:.3g} > {limit}"
             rows.append(row)
-    assert check(rows, settings.stage("parity")["tolerances"]) == []
+    assert all(c.ok for c in check(rows, settings.stage("parity")["tolerances"]["fp32"]))
 
 
 def test_a_swapped_weight_is_seen_by_the_meta_comparison(meta, built_repo, tmp_path):

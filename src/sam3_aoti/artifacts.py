@@ -37,6 +37,11 @@ def write_text_atomic(target: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_bytes_atomic(target: Path, data: bytes) -> None:
+    with atomic_output(target) as tmp:
+        tmp.write_bytes(data)
+
+
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return stream_sha256(f)

@@ -37,8 +37,22 @@ AOTI_OPTIONS = {
 BLOB_SUFFIX = "_weights.blob"
 
 
-def aoti_compile(program, options: dict) -> list[str]:
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+
+
+def sdpa_priority(names: list[str]):
+    """A context in which SDPA tries the kernels in `names`' order. The exported program keeps SDPA as one
+    op; AOTInductor picks its kernel while it compiles, so this order is what the package runs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names], set_priority=True)
+
+
+def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None) -> list[str]:
     """AOTInductor's files for one exported program (the weights blob among them)."""
+    import contextlib
+
     import torch
 
     try:
@@ -46,7 +60,8 @@ def aoti_compile(program, options: dict) -> list[str]:
     except TypeError:  # torch 2.10 has no check_guards
         gm = program.module()
     args, kwargs = program.example_inputs
-    return torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
+    with sdpa_priority(sdpa_backends) if sdpa_backends else contextlib.nullcontext():
+        return torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
 
 
 _CONSTANT_FIELD = re.compile(r"constants_info_\[(\d+)\]\.(name|original_fqn|data_size|from_folded|device_type) = (.+);")
@@ -123,9 +138,10 @@ def run(settings: Settings) -> None:
     # AOTInductor writes its blob and code in its cache; `keep_compiled` rebuilds the blob here to check it.
     check_free_space({Path(cache_dir()): int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
     inductor = dict(settings.stage("compile").get("inductor", {}))
+    sdpa_backends = settings.stage("compile")["sdpa_backends"] if settings.device == "cuda" else None
     digest = json.loads(paths.program_digest.read_text())
     programs = load_pt2(str(paths.exported)).exported_programs
-    index = {"program_sha256": digest["sha256"], "inductor_options": inductor,
+    index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
              "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
              "toolchain": {**{k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(env_file(settings))}}
@@ -134,7 +150,7 @@ def run(settings: Settings) -> None:
             log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)
             t0 = time.perf_counter()
             try:
-                files = aoti_compile(programs[name], inductor)
+                files = aoti_compile(programs[name], inductor, sdpa_backends)
             except Exception as e:
                 raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
                                    "(run `uv run doit toolchain` to check the compiler setup)") from e

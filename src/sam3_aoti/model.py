@@ -117,22 +117,59 @@ def detr_side(config: Sam3Config) -> int:
 
 
 MASKED_ATTENTION = ("text_encoder", "geometry_encoder", "detr_encoder", "detr_decoder", "mask_decoder")
+DENSE_MASK_SDPA = "sam3_dense_mask_sdpa"
+MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
 
 
-def use_eager_attention_where_masked(model: Sam3Model) -> None:
-    """Plain matmul-softmax attention wherever a mask or bias is added; SDPA where none is (the ViT and the
-    DETR encoder's self-attention over the 72x72 image tokens, where the time goes).
+def dense_mask(mask: torch.Tensor, dtype: torch.dtype, query_len: int, key_len: int) -> torch.Tensor:
+    """An attention mask as every SDPA kernel and AOTInductor take it: additive, in the query's dtype,
+    materialized `[B, H|1, Lq, Lk]` with last stride 1 and rows padded to a multiple of 8 elements (the
+    padding is sliced off again, so only the strides change). A broadcast or bool mask handed to the
+    compiled memory-efficient kernel failed on the H200 with "(*bias): last dimension must be contiguous"."""
+    if mask.dtype == torch.bool:  # True = attend (transformers' sdpa masks)
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    mask = mask.to(dtype).expand(mask.shape[0], mask.shape[1], query_len, key_len)
+    return F.pad(mask, (0, -key_len % MASK_ROW_ALIGN))[..., :key_len]
 
-    AOTInductor lowers masked SDPA on CUDA to the memory-efficient kernel and can hand it a bias whose last
-    dim is not contiguous: the full-size package failed on the H200 with "(*bias): last dimension must be
-    contiguous" (the pytorch#138317 family). The switch is per sub-config because transformers builds each
-    mask (float for eager, bool for SDPA) from the parent's config; the unmasked self-attentions then get a
-    config of their own back on SDPA. Outputs are unchanged (1e-8 on the tiny model)."""
-    for name in MASKED_ATTENTION:
-        for module in getattr(model, name).modules():
+
+def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' attention interface, on SDPA for masked attentions (`dense_mask` gives the layout).
+
+    A causal attention (the CLIP text encoder) runs with `is_causal` and no mask: that is Meta's text
+    encoder (a causal mask only; padding never reaches a real token, since tokens are right-padded and
+    every later use of the text masks the padding), and it lets the flash and cuDNN kernels take it."""
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+    mask = None if causal or attention_mask is None else dense_mask(attention_mask, query.dtype, query.shape[2],
+                                                                     key.shape[2])
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                         is_causal=causal and query.shape[2] > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_dense_mask_sdpa() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(DENSE_MASK_SDPA, dense_mask_sdpa)
+    AttentionMaskInterface.register(DENSE_MASK_SDPA, sdpa_mask)  # transformers builds bool masks, as for sdpa
+
+
+def set_masked_attention(model: Sam3Model, implementation: str) -> None:
+    """Where a mask or bias is added (text encoder, geometry encoder, DETR encoder cross-attention, DETR
+    decoder, mask decoder): `"sdpa"` runs them through `dense_mask_sdpa`, `"eager"` as plain matmul-softmax.
+    The ViT and the DETR encoder's self-attention over the 72x72 image tokens have no mask and keep
+    transformers' SDPA. The switch is per sub-config because transformers builds each mask from the parent's
+    config; the unmasked self-attentions then get a config of their own back on plain SDPA."""
+    if implementation not in ("sdpa", "eager"):
+        raise ValueError(f"masked attention {implementation!r}: use sdpa or eager")
+    name = DENSE_MASK_SDPA if implementation == "sdpa" else "eager"
+    if implementation == "sdpa":
+        _register_dense_mask_sdpa()
+    for part in MASKED_ATTENTION:
+        for module in getattr(model, part).modules():
             config = getattr(module, "config", None)
             if config is not None and hasattr(config, "_attn_implementation"):
-                config._attn_implementation = "eager"
+                config._attn_implementation = name
     for layer in model.detr_encoder.layers:
         layer.self_attn.config = copy.copy(layer.self_attn.config)
         layer.self_attn.config._attn_implementation = "sdpa"
@@ -164,7 +201,8 @@ def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype, fp32_parts: tuple =
 class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
-    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16):
+    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16,
+                 masked_attention: str = "sdpa"):
         super().__init__()
         model.to(dtype)
         if dtype != torch.float32:
@@ -173,7 +211,7 @@ class Sam3Grounding(nn.Module):
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
         decoder.static_side = detr_side(model.config)
-        use_eager_attention_where_masked(model)
+        set_masked_attention(model, masked_attention)
         self.model = model
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):

@@ -158,13 +158,19 @@ class Sam3Package:
     path: Path
     fallback_reason: str | None = None
     exported: dict = field(default_factory=dict, repr=False)
+    cuda_graphs: str = "off"  # "on" (the model replays CUDA graphs) or why not
+
+    @property
+    def graph_runner(self):
+        """The model's CudaGraphRunner (`.graphs`: the shapes captured), or None."""
+        return getattr(self.runners["model"], "graph_runner", None)
 
     def exported_only(self) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it)."""
         exported = self.exported or load_exported(self.path)
         runners = checked({name: exported[name].module() for name in MODEL_NAMES}, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
-                           self.path, self.fallback_reason, exported)
+                           self.path, self.fallback_reason, exported, "off: exported programs")
 
     def __getitem__(self, name: str) -> Callable:
         return self.runners[name]
@@ -188,11 +194,12 @@ class AotiRunner:
     does, without importing torch.export's serializer: 3 s). Inputs are made contiguous: the runner reads
     dense row-major memory, and a permuted view (an HWC image turned CHW) would be read wrongly, silently."""
 
-    def __init__(self, path: Path, name: str):
+    def __init__(self, path: Path, name: str, single_threaded: bool = False):
         import torch
         from torch.utils import _pytree
 
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, False, 1, -1)
+        # (path, model name, run_single_threaded, number of runners, device index): single-threaded for graphs
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, single_threaded, 1, -1)
         self.out_spec = _pytree.treespec_loads(self.loader.get_call_spec()[1])
 
     def __call__(self, *args):
@@ -245,6 +252,7 @@ class CheckedModel:
         model = metadata.get("models", {}).get("model", {})
         tokenizer = metadata.get("tokenizer", {})
         self.runner, self.device = runner, metadata.get("device", "cpu")
+        self.graph_runner = runner if hasattr(runner, "capture") else None  # a CudaGraphRunner
         self.side = model.get("inputs", {}).get("images", {}).get("shape", [0, 0, 0])[2]
         self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
 
@@ -302,17 +310,18 @@ def _extraction_folders() -> set[Path]:
     return {p for p in Path("/tmp").iterdir() if len(p.name) == 6 and p.is_dir()} if Path("/tmp").is_dir() else set()
 
 
-def load_aoti_runners(path: Path) -> dict:
-    """The AOTI models straight from torch's C++ package loader. torch's Python loaders (`load_pt2`,
-    `torch._inductor.package.load_package`) first probe the CPU's vector ISA for a device-mismatch warning,
-    compiling and loading test libraries in `python -c "import torch"` subprocesses: 20-40 s on the H200,
-    for CUDA packages too. The loader itself takes under a second. A failed load leaves no folder behind."""
+def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
+    """The AOTI models straight from torch's C++ package loader (those in `graphed` single-threaded, for
+    CUDA graphs). torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe
+    the CPU's vector ISA for a device-mismatch warning, compiling and loading test libraries in
+    `python -c "import torch"` subprocesses: 20-40 s on the H200, for CUDA packages too. The loader itself
+    takes under a second. A failed load leaves no folder behind."""
     problem = device_problem(path)
     if problem:
         raise PackageError(problem)
     before = _extraction_folders()
     try:
-        return {name: AotiRunner(path, name) for name in MODEL_NAMES}
+        return {name: AotiRunner(path, name, single_threaded=name in graphed) for name in MODEL_NAMES}
     except Exception:
         for folder in _extraction_folders() - before:
             if any(folder.glob("*/data/aotinductor")):  # the unpacked package
@@ -345,10 +354,15 @@ def _built_for(path: Path) -> str:
     return f"{metadata.get('device', '?')}, {metadata.get('versions', {}).get('gpu') or 'any GPU'}"
 
 
-def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False) -> Sam3Package:
+def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
+                 max_graphs: int | None = None) -> Sam3Package:
     """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
     The archive is checked against its recorded digests first (integrity.py); `trust` accepts a package
-    that has none."""
+    that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs.py`; at most
+    `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
+    that off."""
+    from .cuda_graphs import DEFAULT_MAX_GRAPHS, CudaGraphRunner, graphs_wanted
+
     import torch
 
     if torch.__version__ < "2.11":
@@ -359,20 +373,35 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
         raise PackageError(f"no package at {path}: build it with `uv run doit package`")
     fallback_reason, aoti, exported = None, {}, {}
     extra = _read_extra_files(path)
+    metadata = json.loads(extra.get(METADATA_FILE, "{}"))
     check_package(path, trust=trust)
+    graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
     if prefer_aoti:
         try:
-            aoti = load_aoti_runners(path)
+            aoti = load_aoti_runners(path, graphed=("model",) if graphs else ())
         except Exception as e:  # a package built for another device/ABI: use the exported programs
             fallback_reason = first_line(e)
             log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
         exported = load_exported(path, trust)
-    metadata = json.loads(extra.get(METADATA_FILE, "{}"))
     runners = {name: aoti[name] if name in aoti else exported[name].module() for name in MODEL_NAMES}
     backends = {name: "aoti" if name in aoti else "exported" for name in MODEL_NAMES}
+    state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
+    if state == "on":
+        runners["model"] = CudaGraphRunner(runners["model"], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
-                       fallback_reason, exported)
+                       fallback_reason, exported, state)
+
+
+def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: bool) -> str:
+    """"on", or why the model runs without CUDA graphs."""
+    from .cuda_graphs import SWITCH
+
+    if not graphs:
+        if metadata.get("device") != "cuda":
+            return f"off: a {metadata.get('device', '?')} package"
+        return "off: cuda_graphs=False" if requested is False else f"off: {SWITCH}=0"
+    return "on" if aoti else "off: exported programs"
 
 
 def checked(runners: dict, metadata: dict) -> dict:

@@ -3,21 +3,23 @@
 The profile's weights are written in Meta's format (`sam3.pt`, through `meta_checkpoint.to_meta`) and
 loaded by Meta's own builder; our converter must read that file back to the very same tensors. Then, on
 the cases' photographs and prompts, the package and Meta's model see the same pixels: their outputs are
-compared query by query (full fp32: Meta's import turns TF32 on, this stage turns it off again). The
+compared query by query. An fp32 build meets Meta's model in full fp32 (Meta's import turns TF32 on, this
+stage turns it off again); a bf16 build meets it as Meta runs it, under bf16 autocast with TF32 on. The
 package's transforms are compared with Meta's Sam3Processor transform of the same photographs.
 Meta's code needs CUDA, triton and torchvision, so this runs where those are (the H200).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import time
 
-from .artifacts import record, write_text_atomic
+from .artifacts import record
 from .config import Settings, package_version
 from .errors import ConfigError, DriftError
 from .paths import ProfilePaths
+from .report import Check, Gate, Report, Table, apply_gates, summarize, write_report
 
 log = logging.getLogger("sam3_aoti")
 # Meta keys its builder computes itself or that transformers' Sam3Model has no use for.
@@ -43,7 +45,8 @@ def write_meta_checkpoint(settings: Settings):
 
 
 def meta_model(settings: Settings):
-    """Meta's image model, built and loaded by Meta's own code from our sam3.pt, every tensor checked."""
+    """Meta's image model, built and loaded by Meta's own code from our sam3.pt, every tensor checked. In fp32
+    TF32 is turned off again (Meta's import turns it on); for bf16 Meta's own settings stay."""
     import torch
 
     try:
@@ -56,8 +59,9 @@ def meta_model(settings: Settings):
     paths = ProfilePaths.of(settings)
     model = build_sam3_image_model(bpe_path=str(bundled_vocab_path()), device=settings.device, eval_mode=True,
                                    checkpoint_path=str(paths.meta_checkpoint), load_from_HF=False)
-    torch.backends.cuda.matmul.allow_tf32 = False  # sam3 enables TF32 at import: compare in full fp32
-    torch.backends.cudnn.allow_tf32 = False
+    if settings.precision == "fp32":  # sam3 enables TF32 at import: compare in full fp32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     loaded = torch.load(paths.meta_checkpoint, weights_only=True, mmap=True)["model"]
     state = model.state_dict()
     not_loaded = [k for k in state if f"detector.{k}" not in loaded and not any(s in k for s in NOT_IN_OUR_CHECKPOINT)]
@@ -68,8 +72,23 @@ def meta_model(settings: Settings):
     return model
 
 
-def meta_outputs(model, pixels, prompts: list[str], device: str):
-    """Meta's raw outputs for one image and each prompt, stacked like the package's (pair = prompt)."""
+def meta_precision(precision: str):
+    """How Meta runs its model at a precision: fp32 plainly, bf16 under CUDA autocast (its predictors' way)."""
+    import torch
+
+    if precision == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def meta_outputs(model, pixels, prompts: list[str], device: str, precision: str = "fp32"):
+    """Meta's raw outputs for one image and each prompt, stacked like the package's (pair = prompt), as
+    fp32 tensors."""
+    with meta_precision(precision):
+        return tuple(t.float() for t in _meta_outputs(model, pixels, prompts, device))
+
+
+def _meta_outputs(model, pixels, prompts, device):
     import torch
     from sam3.model.data_misc import FindStage
 
@@ -93,9 +112,10 @@ def run(settings: Settings) -> None:
     from .package import load_package
     from .postprocess import to_tensor
 
-    if settings.device != "cuda" or settings.precision != "fp32" or settings.architecture != "full":
-        raise ConfigError("parity compares the full model in fp32 on a GPU: use profile=sam3 device=cuda precision=fp32")
-    paths, tolerances = ProfilePaths.of(settings), settings.stage("parity")["tolerances"]
+    if settings.device != "cuda" or settings.architecture != "full":
+        raise ConfigError("parity compares the full model on a GPU: use profile=sam3 device=cuda "
+                          "(precision=fp32 or bf16)")
+    paths, tolerances = ProfilePaths.of(settings), settings.stage("parity")["tolerances"][settings.precision]
     t0 = time.perf_counter()
     write_meta_checkpoint(settings)
     model = meta_model(settings)
@@ -107,20 +127,22 @@ def run(settings: Settings) -> None:
             image = case.load_image()
             pixels = package.transforms(to_tensor(image, settings.device))
             ours = package.model(pixels, package.encode_prompts(case.prompts).to(settings.device))
-            row = case_row(case, ours, meta_outputs(model, pixels, case.prompts, settings.device))
+            theirs = meta_outputs(model, pixels, case.prompts, settings.device, settings.precision)
+            row = case_row(case, ours, theirs, tolerances.get("mask_band", 0.0))
             rows.append({**row, **pixel_difference(pixels, meta_pixels(model, image, pixels.shape[-1], settings.device))})
-    failures = check(rows, tolerances)
-    report = {"tolerances": tolerances, "cases": rows, "failures": failures, "passed": not failures,
-              "weights": settings.weights, "random_weights": settings.weights == "random",
-              "meta_sam3": package_version("sam3"), "versions": package.metadata["versions"],
-              "date": time.strftime("%Y-%m-%d"), "seconds": round(time.perf_counter() - t0, 1)}
-    write_text_atomic(paths.parity_json, json.dumps(report, indent=2) + "\n")
-    write_text_atomic(paths.parity_md, markdown(report))
+    checks = check(rows, tolerances)
+    for line in summarize(checks):
+        (log.error if line.startswith("✗") else log.info)("%s", line)
+    report = parity_report(settings, rows, checks, tolerances, package.metadata["versions"],
+                           round(time.perf_counter() - t0, 1))
+    write_report(report, paths.parity_json, paths.parity_md)
     record(paths.manifest, "parity", [paths.parity_json, paths.parity_md],
-           {"passed": not failures, **settings.fingerprint("parity")})
+           {"passed": not report.failed, **settings.fingerprint("parity")})
     log.info("parity report %s", paths.parity_md)
-    if failures:
-        raise DriftError(f"package differs from Meta's SAM3: {failures[0]} (and {len(failures) - 1} more)")
+    if report.failed:
+        first = report.failed[0]
+        raise DriftError(f"package differs from Meta's SAM3: {first.case} {first.metric} = {first.value} "
+                         f"(limit {first.limit}), and {len(report.failed) - 1} more; see {paths.parity_md}")
 
 
 def meta_pixels(model, image, size: int, device: str):
@@ -138,50 +160,55 @@ def pixel_difference(ours, theirs) -> dict:
     return {"pixels_max_levels": round(float(diff.max()), 3), "pixels_differ": float((diff > 1e-3).float().mean())}
 
 
-def case_row(case, ours, theirs) -> dict:
-    """One case's comparison with Meta's outputs (verify's metrics plus every query's score and the top-1)."""
+def case_row(case, ours, theirs, mask_band: float = 0.0) -> dict:
+    """One case's comparison with Meta's outputs (verify's metrics plus every query's score and the share of
+    pairs whose top-1 query is the same)."""
     from .metrics import compare, scores
 
-    row = {"case": case.name, "prompts": list(case.prompts), **compare(ours, theirs),
+    row = {"case": case.name, "prompts": list(case.prompts), **compare(ours, theirs, mask_band=mask_band),
            "score_abs": float((scores(ours) - scores(theirs)).abs().max()),
-           "top1_same": bool((scores(ours).argmax(-1) == scores(theirs).argmax(-1)).all())}
-    log.info("%s: top-1 same %s, score |diff| %.2e, logits |diff| %.2e, box |diff| %.2e, mask IoU %.4f", case.name,
-             row["top1_same"], row["score_abs"], row["pred_logits"]["max_abs"], row["matched_box_abs"],
+           "top1_same": float((scores(ours).argmax(-1) == scores(theirs).argmax(-1)).float().mean())}
+    log.info("%s: top-1 same %.0f%%, score |diff| %.2e, logits |diff| %.2e, box |diff| %.2e, mask IoU %.4f", case.name,
+             100 * row["top1_same"], row["score_abs"], row["pred_logits"]["max_abs"], row["matched_box_abs"],
              row["topk_mask_iou_min"])
     return row
 
 
-def check(rows: list[dict], tolerances: dict) -> list[str]:
-    failures = []
-    for row in rows:
-        if not row["top1_same"]:
-            failures.append(f"{row['case']}: top-1 query differs")
-        for metric, limit, worse in [("score_abs", tolerances["score_abs"], lambda v, t: v > t),
-                                     ("matched_box_abs", tolerances["box_abs"], lambda v, t: v > t),
-                                     ("top5_overlap", tolerances["top5_overlap_min"], lambda v, t: v < t),
-                                     ("topk_mask_iou_min", tolerances["mask_iou_min"], lambda v, t: v < t)]:
-            if worse(row[metric], limit):
-                failures.append(f"{row['case']}: {metric} {row[metric]:.3g} (limit {limit})")
-        if row.get("pixels_max_levels", 0.0) > tolerances["pixels_max_levels"]:
-            failures.append(f"{row['case']}: transforms differ from Meta's by {row['pixels_max_levels']:.3g} levels")
-    return failures
+# (gate on a metric of case_row / pixel_difference, its tolerance key)
+PARITY_GATES = [
+    (Gate("top-1 query same (share of pairs)", "top1_same", ">="), "top1_same_min"),
+    (Gate("score |diff| (every query)", "score_abs", "<="), "score_abs"),
+    (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
+    (Gate("top-5 index overlap (worst pair)", "top5_overlap", ">="), "top5_overlap_min"),
+    (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),
+    (Gate("transforms vs Sam3Processor (levels)", "pixels_max_levels", "<="), "pixels_max_levels"),
+]
 
 
-def markdown(report: dict) -> str:
-    weights = "random init" if report["random_weights"] else report["weights"]
-    versions = ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())
-    lines = [f"# Parity with Meta's SAM3 (sam3 {report['meta_sam3']}; weights: {weights})", "",
-             f"{report.get('date', '')}: {versions}", "",
-             f"Verdict: {'pass' if report['passed'] else 'FAIL'}; tolerances {report['tolerances']}", "",
-             "| case | prompts | top-1 same | top-5 overlap | score abs | box abs | mask IoU min | logits max abs "
-             "| pixels: max levels, share differing |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["cases"]:
-        pixels = f"{r['pixels_max_levels']:.0f}, {r['pixels_differ']:.2%}" if "pixels_differ" in r else "-"
-        lines.append(f"| {r['case']} | {', '.join(r['prompts'])} | {'✓' if r['top1_same'] else '✗'} | "
-                     f"{r['top5_overlap']:.2f} | {r['score_abs']:.2e} | {r['matched_box_abs']:.2e} | "
-                     f"{r['topk_mask_iou_min']:.4f} | {r['pred_logits']['max_abs']:.2e} | {pixels} |")
-    return "\n".join(lines + [""] + [f"- {f}" for f in report["failures"]]) + "\n"
+def check(rows: list[dict], tolerances: dict) -> list[Check]:
+    """Every case through the parity gate table (a case without a pixel comparison skips that gate)."""
+    gates = [(gate, tolerances[key]) for gate, key in PARITY_GATES]
+    return [c for row in rows
+            for c in apply_gates(row, [(g, t) for g, t in gates if g.key in row], "vs Meta", row["case"])]
+
+
+def parity_report(settings: Settings, rows: list[dict], checks: list[Check], tolerances: dict, versions: dict,
+                  seconds: float) -> Report:
+    weights = "random init" if settings.weights == "random" else settings.weights
+    how = "fp32, TF32 off on both sides" if settings.precision == "fp32" else "our bf16 build vs Meta's model under bf16 autocast"
+    table = Table("Measured per case", ["case", "prompts", "top-1 same", "top-5 overlap", "score abs", "box abs",
+                                        "mask IoU min", "logits max abs", "pixels: max levels, share differing"],
+                  [[r["case"], ", ".join(r["prompts"]), f"{r['top1_same']:.0%}", f"{r['top5_overlap']:.2f}",
+                    f"{r['score_abs']:.2e}", f"{r['matched_box_abs']:.2e}", f"{r['topk_mask_iou_min']:.4f}",
+                    f"{r['pred_logits']['max_abs']:.2e}",
+                    f"{r['pixels_max_levels']:.0f}, {r['pixels_differ']:.2%}" if "pixels_differ" in r else "-"]
+                   for r in rows])
+    date = time.strftime("%Y-%m-%d")
+    return Report(f"Parity with Meta's SAM3 (sam3 {package_version('sam3')}; {settings.precision}; weights: {weights})",
+                  [f"{date}: {how}. " + ", ".join(f"{k} {v}" for k, v in versions.items())], checks, [table],
+                  data={"precision": settings.precision, "tolerances": tolerances, "cases": rows,
+                        "weights": settings.weights, "random_weights": settings.weights == "random",
+                        "meta_sam3": package_version("sam3"), "versions": versions, "date": date, "seconds": seconds})
 
 
 if __name__ == "__main__":

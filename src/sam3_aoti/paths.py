@@ -97,6 +97,10 @@ class ProfilePaths:
         return self.root / "bench" / "bench.md"
 
     @property
+    def bench_plot(self) -> Path:
+        return self.root / "bench" / "bench.png"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 

@@ -39,12 +39,17 @@ PIPELINE_KEYS = {
     ("export", "transforms_example_size"): (lambda v: isinstance(v, list) and len(v) == 4 and v[1:2] == [3]
                                             and all(_int(2)(x) for x in v[:1] + v[2:]),
                                             "[batch, 3, height, width], each other size an integer >= 2"),
+    ("export", "masked_attention"): (lambda v: v in ("sdpa", "eager"), '"sdpa" or "eager"'),
+    ("compile", "sdpa_backends"): (lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
+                                  and all(b in ("cudnn", "flash", "efficient", "math") for b in v),
+                                  'a list of distinct SDPA kernels from "cudnn", "flash", "efficient", "math"'),
     ("compile", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
     ("verify", "shapes"): (_pairs, PAIRS),
     ("verify", "largest_shape"): (_pair, "one [batch, prompts] pair of positive integers"),
     ("bench", "shapes"): (_pairs, PAIRS),
     ("bench", "warmup"): (_int(0), "an integer >= 0"),
     ("bench", "iters"): (_int(1), "a positive integer"),
+    ("bench", "isa_probe_loaders"): (lambda v: isinstance(v, bool), "true or false"),
     ("render", "score_threshold"): (_unit, "a number between 0 and 1"),
     ("render", "max_instances"): (_int(1), "a positive integer"),
 }
@@ -55,7 +60,7 @@ TOLERANCES = {
 }
 OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number"), "max_rel": (_number, "a number")}
 PER_OUTPUT_TOLERANCES = ("max_abs", "max_rel")
-PARITY_TOLERANCES = {"score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
+PARITY_TOLERANCES = {"top1_same_min": (_unit, "a number between 0 and 1"), "score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
                      "top5_overlap_min": (_unit, "a number between 0 and 1"),
                      "mask_iou_min": (_unit, "a number between 0 and 1"), "pixels_max_levels": (_number, "a number")}
 ARCHITECTURES = ("tiny", "full")
@@ -114,8 +119,11 @@ def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple)
         for key, spec in OPTIONAL_TOLERANCES.items():
             _check(path, where, table, key, spec, required=False)
         check_per_output(path, where, table)
-    for key, spec in PARITY_TOLERANCES.items():
-        _check(path, "parity.tolerances", _table(path, tables, "parity.tolerances"), key, spec)
+    for precision in precisions:  # parity compares a build of each precision with Meta's model run the same way
+        where = f"parity.tolerances.{precision}"
+        for key, spec in PARITY_TOLERANCES.items():
+            _check(path, where, _table(path, tables, where), key, spec)
+        _check(path, where, _table(path, tables, where), "mask_band", (_number, "a number"), required=False)
 
 
 def check_per_output(path: Path, where: str, table: dict) -> None:

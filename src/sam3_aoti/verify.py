@@ -6,43 +6,16 @@ Runs the dynamic-shape sweep on random inputs and every case on real photographs
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass
 
-from .artifacts import mark, record, write_text_atomic
+from .artifacts import mark, record
 from .config import Settings
 from .errors import DriftError
 from .paths import ProfilePaths
 from .reference import ReferenceCache
+from .report import Check, Gate, Report, apply_gates, margin, shown, summarize, write_report  # noqa: F401 (shown)
 
 log = logging.getLogger("sam3_aoti")
-
-
-def shown(value: float | str, limit: str, ok: bool) -> str:
-    """3 significant digits, or as many more as a failed value needs to differ from its limit in print
-    (0.9897 against >= 0.99 read "0.99")."""
-    if not isinstance(value, float):
-        return value
-    for digits in range(3, 10):
-        text = f"{value:.{digits}g}"
-        if ok or float(text) != float(limit.split()[-1]):
-            break
-    return text
-
-
-@dataclass
-class Check:
-    backend: str  # aoti | exported
-    case: str  # "sweep B=2 P=3" or the case name
-    metric: str
-    value: float | str
-    limit: str
-    ok: bool
-
-    def line(self) -> str:
-        value = shown(self.value, self.limit, self.ok)
-        return f"{'✓' if self.ok else '✗'} {self.backend:8} {self.case:22} {self.metric:28} {value:>12}  {self.limit}"
 
 
 # Pearson r only where it means something: the dense outputs. Boxes of a random model sit in a narrow range
@@ -50,12 +23,12 @@ class Check:
 # presence r = -0.5 over 3 prompts, |diff| <= 2.4e-4); max |diff| gates them.
 PEARSON_OUTPUTS = ("pred_logits", "pred_masks")
 
-# score-level checks: (row label, metric key, tolerance key, "<=" or ">=")
+# score-level checks: (gate on a metric of metrics.compare, its tolerance key)
 SCORE_GATES = [
-    ("top-1 score |diff|", "top1_score_abs", "top1_score_abs", "<="),
-    ("top-5 index overlap (worst pair)", "top5_overlap", "top5_overlap_min", ">="),
-    ("top-5 matched box max|diff|", "matched_box_abs", "box_abs", "<="),
-    ("top-5 mask IoU (min)", "topk_mask_iou_min", "mask_iou_min", ">="),  # over pixels with |ref logit| >= mask_band
+    (Gate("top-1 score |diff|", "top1_score_abs", "<="), "top1_score_abs"),
+    (Gate("top-5 index overlap (worst pair)", "top5_overlap", ">="), "top5_overlap_min"),
+    (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
+    (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),  # pixels with |ref logit| >= mask_band
 ]
 
 
@@ -71,12 +44,12 @@ def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
     """One row per output (max |diff|), per dense output (pearson r) and per score-level metric."""
     from .contract import OUTPUT_NAMES
 
-    checks = [(f"{name} max|diff|", metrics[name]["max_abs"], output_limit(tol, metrics[name].get("ref_max_abs", 0.0), name),
-               "<=") for name in OUTPUT_NAMES]
-    checks += [(f"{name} pearson r", metrics[name]["pearson"], tol["pearson_min"], ">=") for name in PEARSON_OUTPUTS]
-    checks += [(label, metrics[key], tol[limit], op) for label, key, limit, op in SCORE_GATES]
-    return [Check(backend, case, label, value, f"{op} {limit}", value <= limit if op == "<=" else value >= limit)
-            for label, value, limit, op in checks]
+    rows = [Gate(f"{name} max|diff|", "max_abs", "<=").check(
+        metrics[name]["max_abs"], output_limit(tol, metrics[name].get("ref_max_abs", 0.0), name), backend, case)
+        for name in OUTPUT_NAMES]
+    rows += [Gate(f"{name} pearson r", "pearson", ">=").check(metrics[name]["pearson"], tol["pearson_min"], backend, case)
+             for name in PEARSON_OUTPUTS]
+    return rows + apply_gates(metrics, [(g, tol[key]) for g, key in SCORE_GATES], backend, case)
 
 
 def expected_shapes(config, n: int) -> list[tuple]:
@@ -132,55 +105,6 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
     return rows
 
 
-def margin(r: Check) -> float:
-    """How far a value is inside its limit, relative to the limit (negative: outside)."""
-    if not isinstance(r.value, float):
-        return 0.0 if r.ok else -1.0
-    limit = float(r.limit.split()[-1])
-    inside = limit - r.value if r.limit.startswith("<=") else r.value - limit
-    return inside / max(abs(limit), 1e-12)
-
-
-def summarize(rows: list[Check]) -> list[str]:
-    """One line per (backend, metric): the case closest to (or furthest beyond) its limit."""
-    groups: dict[tuple, list[Check]] = {}
-    for r in rows:
-        groups.setdefault((r.backend, r.metric), []).append(r)
-
-    lines = []
-    for (backend, metric), group in groups.items():
-        failed = [r for r in group if not r.ok]
-        worst = min(group, key=margin)
-        value = shown(worst.value, worst.limit, worst.ok)
-        lines.append(f"{'✗' if failed else '✓'} {backend:8} {metric:30} {value:>10} {worst.limit:10}"
-                     f" {len(group) - len(failed)}/{len(group)} ok, worst: {worst.case}")
-    return lines
-
-
-def html_report(settings: Settings, verify_report: dict, pictures: list[tuple[str, str]]) -> str:
-    """One page: the verdict, every picture (made by `render`, linked from ../render/), then the table."""
-    import html
-
-    def cells(r: dict) -> str:
-        values = ["✓" if r["ok"] else "✗", r["backend"], r["case"], r["metric"], shown(r["value"], r["limit"], r["ok"]),
-                  r["limit"]]
-        return "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
-
-    verdict = "PASSED" if verify_report.get("passed") else "FAILED"
-    rows = "".join(f"<tr class={'ok' if r['ok'] else 'bad'}>{cells(r)}</tr>" for r in verify_report.get("rows", []))
-    figures = "".join(f"<figure><img src='{name}'><figcaption>{html.escape(caption)}</figcaption></figure>"
-                      for name, caption in pictures)
-    return f"""<!doctype html><meta charset=utf-8><title>sam3-aoti {settings.profile}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td{{padding:2px 8px;border-bottom:1px solid #ddd}}
-tr.bad{{background:#fdd}} img{{max-width:100%}} figure{{margin:1em 0}}</style>
-<h1>sam3-aoti: {settings.profile} ({settings.device}, {settings.precision}, weights {html.escape(settings.weights)})</h1>
-<p><b>{verdict}</b>: {verify_report.get('checks', 0) - verify_report.get('failed', 0)}/{verify_report.get('checks', 0)} checks.
-Left of each case: eager transformers; right: the AOTI package.</p>
-{figures}
-<h2>Checks</h2><table><tr><th></th><th>backend</th><th>case</th><th>metric</th><th>value</th><th>limit</th></tr>{rows}</table>
-"""
-
-
 def pictures(cases) -> list[tuple[str, str]]:
     """The PNGs `render` makes, by name, with captions."""
     shown = [("../render/scores.png", "AOTI vs eager score of every query of every case")]
@@ -190,27 +114,12 @@ def pictures(cases) -> list[tuple[str, str]]:
     return shown
 
 
-def write_reports(paths: ProfilePaths, settings: Settings, rows: list[Check], info: dict, cases) -> None:
-    failed = [r for r in rows if not r.ok]
-    report = {"passed": not failed, "checks": len(rows), "failed": len(failed), **info,
-              "rows": [asdict(r) for r in rows]}
-    write_text_atomic(paths.verify_report_json, json.dumps(report, indent=2) + "\n")
-    write_text_atomic(paths.verify_report_html, html_report(settings, report, pictures(cases)))
-    lines = [
-        f"# Verify: {settings.profile} ({settings.device}, {settings.precision})",
-        "",
-        f"**{'PASSED' if not failed else 'FAILED'}**: {len(rows) - len(failed)}/{len(rows)} checks; "
-        f"package `{paths.package.name}`, weights `{settings.weights}`"
-        + (" (random init: outputs mean nothing, drift still does)" if settings.weights == "random" else ""),
-        "",
-        "| | backend | case | metric | value | limit |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        metric = r.metric.replace("|", "\\|")  # a bare | would split the markdown cell
-        lines.append(f"| {'✓' if r.ok else '✗'} | {r.backend} | {r.case} | {metric} | {shown(r.value, r.limit, r.ok)} "
-                     f"| {r.limit} |")
-    write_text_atomic(paths.verify_report_md, "\n".join(lines) + "\n")
+def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], backends: dict, cases) -> Report:
+    note = (f"Package `{paths.package.name}`, weights `{settings.weights}`"
+            + (" (random init: outputs mean nothing, drift still does)" if settings.weights == "random" else "")
+            + ". In the pictures, left of each case: eager transformers; right: the AOTI package.")
+    return Report(f"Verify: {settings.profile} ({settings.device}, {settings.precision})", [note], rows,
+                  figures=pictures(cases), data={"backends": backends})
 
 
 def run(settings: Settings) -> None:
@@ -242,7 +151,8 @@ def run(settings: Settings) -> None:
     for line in summarize(rows):
         (log.error if line.startswith("✗") else log.info)("%s", line)
     failed = [r for r in rows if not r.ok]
-    write_reports(paths, settings, rows, {"backends": package.backends}, cases)
+    write_report(verify_report(settings, paths, rows, package.backends, cases), paths.verify_report_json,
+                 paths.verify_report_md, paths.verify_report_html)
     record(paths.manifest, "verify", [paths.verify_report_json, paths.verify_report_md, paths.verify_report_html], {
         "verified": not failed, "package_sha256": package.metadata.get("inputs_sha256"),
         **settings.fingerprint("verify"),

@@ -131,10 +131,12 @@ def load_model(settings: Settings):
 
 def eager_reference(settings: Settings):
     """The eager wrapper and image transforms from the profile's checkpoint: what verify, render and bench
-    compare the package against."""
+    compare the package against. Its masked attentions are transformers' plain matmul-softmax, so verify
+    also gates the SDPA path the package is exported with."""
     from .model import DTYPES, ImageTransforms, Sam3Grounding
 
-    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision]).eval()
+    eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision],
+                          masked_attention="eager").eval()
     return eager, ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)
 
 
