@@ -37,7 +37,7 @@ def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
     ('masked_attention = "sdpa"', 'masked_attention = "flash"', '[export] masked_attention must be "sdpa" or "eager"'),
     ('sdpa_backends = ["cudnn", "flash", "efficient", "math"]', 'sdpa_backends = ["cudnn", "fast"]',
      "[compile] sdpa_backends must be a list of distinct SDPA kernels"),
-    ("top1_same_min = 0.5", "top1_same_min = 2", "[parity.tolerances.bf16] top1_same_min must be a number between 0 and 1"),
+    ("top1_same_min = 0.8", "top1_same_min = 2", "[parity.tolerances.bf16] top1_same_min must be a number between 0 and 1"),
     ("[profiles.tiny]", "[old.tiny]", "has no [profiles] table"),
     ("example_batch = 2", "example_batch = 1", "example_batch must be an integer >= 2"),
     ("[verify.tolerances.bf16.per_output.pred_boxes]", "[verify.tolerances.bf16.per_output.boxes]",
