@@ -4,7 +4,7 @@ Times every backend (cuDNN, flash, memory-efficient, math) on the full model's a
 (B, P) = (2, 3): the ViT's global and windowed attention (bf16, head dim 64), the DETR encoder's
 self-attention over the 72x72 image tokens (N = 6 pairs, head dim 32), and the DETR decoder's box-biased
 cross-attention (fp32, as in a bf16 build; with an aligned dense bias). Median of CUDA-event timings.
-Usage: python scripts/sdpa_backends.py [--json PATH]
+Usage: scripts/gpu_run.sh --python scripts/sdpa_backends.py [--json PATH]
 """
 
 import json
@@ -14,6 +14,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from sam3_aoti.bench import time_calls
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -28,17 +30,8 @@ SHAPES = {
 
 
 def timed(fn, iters=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median ms of `fn()` (CUDA events, as bench times the package)."""
+    return statistics.median(time_calls(fn, (), "cuda", warmup, iters))
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ before any of them is built into the pipeline:
    through torch.compile'd matmul-softmax.
 3. The GELU left outside the ViT's fc1 GEMM: one pass over its output.
 Median of CUDA-event timings; the table at the end, JSON with --json PATH.
-Usage: python scripts/speed_levers.py [--json PATH]
+Usage: scripts/gpu_run.sh --python scripts/speed_levers.py [--json PATH]
 """
 
 import json
@@ -19,24 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sam3_aoti.bench import time_calls
+
 TOKENS = 2 * 72 * 72
 VIT_LINEARS = {"qkv": (1024, 3072), "proj": (1024, 1024), "fc1": (1024, 4736), "fc2": (4736, 1024)}
 VIT_LAYERS = 32
 
 
 def timed(fn, iters=30, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median ms of `fn()` (CUDA events, as bench times the package)."""
+    return statistics.median(time_calls(fn, (), "cuda", warmup, iters))
 
 
 def rowwise_fp8(x: torch.Tensor):

@@ -6,7 +6,7 @@ import tomllib
 import pytest
 import torch
 
-from sam3_aoti import verify
+from sam3_aoti import report, verify
 from sam3_aoti.cases import load_cases
 from sam3_aoti.config import load_settings
 from sam3_aoti.errors import ConfigError
@@ -120,9 +120,9 @@ def test_an_outputs_own_tolerance_overrides_the_shared_one():
 
 
 def test_a_failed_value_never_prints_as_its_limit():
-    assert verify.shown(0.9896907210350037, ">= 0.99", False) == "0.9897"  # the H200's tiny run read "0.99"
-    assert verify.shown(2.98e-07, "<= 0.001", True) == "2.98e-07"
-    assert verify.shown("match", "as expected", True) == "match"
+    assert report.shown(0.9896907210350037, ">= 0.99", False) == "0.9897"  # the H200's tiny run read "0.99"
+    assert report.shown(2.98e-07, "<= 0.001", True) == "2.98e-07"
+    assert report.shown("match", "as expected", True) == "match"
 
 
 def test_cases_from_a_folder_of_images(tmp_path):

@@ -85,7 +85,7 @@ def predict(package_path: Path, image_path: Path, prompts: list[str], threshold:
 
     check_output(output)
     image = read_image(image_path)
-    package = load_package(package_path, trust=trust)
+    package = load_package(package_path, trust=trust, cuda_graphs=False)  # one call: a capture would only add warm-ups
     device = package_device(package.metadata)
     t0 = time.perf_counter()
     with torch.inference_mode():

@@ -361,9 +361,9 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs.py`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
     that off."""
-    from .cuda_graphs import DEFAULT_MAX_GRAPHS, CudaGraphRunner, graphs_wanted
-
     import torch
+
+    from .cuda_graphs import DEFAULT_MAX_GRAPHS, CudaGraphRunner, graphs_wanted
 
     if torch.__version__ < "2.11":
         import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages; 3 s)

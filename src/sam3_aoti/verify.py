@@ -13,7 +13,7 @@ from .config import Settings
 from .errors import DriftError
 from .paths import ProfilePaths
 from .reference import ReferenceCache
-from .report import Check, Gate, Report, apply_gates, margin, shown, summarize, write_report  # noqa: F401 (shown)
+from .report import Check, Gate, Report, apply_gates, margin, summarize, write_report
 
 log = logging.getLogger("sam3_aoti")
 
