@@ -142,3 +142,37 @@ def test_bf16_keeps_the_box_path_in_fp32_and_boxes_closer_to_fp32(tiny_model):
     assert mixed_model.vision_encoder.backbone.layers[0].mlp.fc1.weight.dtype == torch.bfloat16
     box_error = lambda out: float((out[1] - reference[1]).abs().max())  # noqa: E731
     assert box_error(mixed) < box_error(plain)
+
+
+def test_a_bf16_build_can_run_the_decoders_attentions_in_bf16_and_keep_its_box_path_fp32(tiny_model):
+    """`box_path_attention = "bf16"`: the DETR decoder's weights and box refinement stay fp32, its three
+    attentions per layer take bf16 inputs (what the fast kernels take), and the boxes stay near the fp32
+    decoder's."""
+    from transformers.models.sam3.modeling_sam3 import Sam3Attention
+
+    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=11)
+    fast_model = copy.deepcopy(tiny_model)
+    seen = []
+    with torch.no_grad():
+        fp32_attention = Sam3Grounding(copy.deepcopy(tiny_model), torch.bfloat16).eval()(images, token_ids)
+        fast = Sam3Grounding(fast_model, torch.bfloat16, box_path_attention="bf16").eval()
+        attentions = [m for m in fast_model.detr_decoder.modules() if isinstance(m, Sam3Attention)]
+        real_sdpa = torch.nn.functional.scaled_dot_product_attention
+        decoder_queries = tiny_model.config.detr_decoder_config.num_queries + 1  # + the presence token
+
+        def spy(q, k, v, **kwargs):
+            if q.shape[2] == decoder_queries:
+                seen.append(q.dtype)
+            return real_sdpa(q, k, v, **kwargs)
+
+        torch.nn.functional.scaled_dot_product_attention = spy
+        try:
+            out = fast(images, token_ids)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = real_sdpa
+    assert len(attentions) == 3 * len(fast_model.detr_decoder.layers)
+    assert {a.attention_dtype for a in attentions} == {torch.bfloat16}
+    assert fast_model.detr_decoder.layers[0].mlp.fc1.weight.dtype == torch.float32  # the decoder stays fp32
+    assert seen == [torch.bfloat16] * len(attentions) and all(t.isfinite().all() for t in out)
+    box_gap = float((out[1] - fp32_attention[1]).abs().max())
+    assert 0 < box_gap < 2e-2, box_gap

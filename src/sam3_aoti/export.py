@@ -68,7 +68,8 @@ def run(settings: Settings) -> None:
     device = torch.device(settings.device)
     model = load_model(settings).to(device)
     config = model.config
-    wrapper = Sam3Grounding(model, DTYPES[settings.precision], masked_attention=opts["masked_attention"]).eval()
+    wrapper = Sam3Grounding(model, DTYPES[settings.precision], masked_attention=opts["masked_attention"],
+                            box_path_attention=opts["box_path_attention"]).eval()
     atol = 1e-4 if settings.precision == "fp32" else 5e-2
 
     example = example_inputs(config, opts["example_batch"], opts["example_prompts"], device=device)

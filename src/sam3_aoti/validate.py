@@ -40,6 +40,7 @@ PIPELINE_KEYS = {
                                             and all(_int(2)(x) for x in v[:1] + v[2:]),
                                             "[batch, 3, height, width], each other size an integer >= 2"),
     ("export", "masked_attention"): (lambda v: v in ("sdpa", "eager"), '"sdpa" or "eager"'),
+    ("export", "box_path_attention"): (lambda v: v in ("fp32", "bf16"), '"fp32" or "bf16"'),
     ("compile", "sdpa_backends"): (lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
                                   and all(b in ("cudnn", "flash", "efficient", "math") for b in v),
                                   'a list of distinct SDPA kernels from "cudnn", "flash", "efficient", "math"'),
