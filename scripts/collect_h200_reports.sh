@@ -26,6 +26,10 @@ for precision in bf16 fp32; do
     copy "$precision/toolkit.txt" "toolkit-$precision.txt"
     copy "$precision/info.txt" "info-$precision.txt"
 done
+copy bf16fast/sam3-bf16-cuda/verify/report.md verify-bf16fast.md
+copy bf16fast/sam3-bf16-cuda/verify/report.json verify-bf16fast.json
+copy bf16fast/sam3-bf16-cuda/bench/bench.md bench-bf16fast.md
+copy bf16fast/sam3-bf16-cuda/bench/bench.json bench-bf16fast.json
 copy tiny/toolchain/doctor.json doctor-tiny.json
 copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt

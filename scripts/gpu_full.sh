@@ -5,6 +5,8 @@
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
+#   bf16fast: the bf16 build with [export] box_path_attention = "bf16" (the DETR decoder's attentions in
+#          bf16, its box path fp32): verify, then bench
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -59,13 +61,19 @@ checkout() {  # checkout PART: a fresh copy of this checkout (with .whl) at $WOR
     tar --exclude=./artifacts -cf - . | tar -xf - -C "$WORK/$1"
 }
 
-full_build() {  # full_build PRECISION: toolchain to verify; once more with eager masked attention if that fails
-    local precision=$1
-    cd "$WORK/$precision" && toolkit_for "$precision" $SAM3 precision="$precision"
-    build "$precision-build" weights export compile package verify $SAM3 precision="$precision" && return 0
+full_build() {  # full_build PART PRECISION: toolchain to verify; once more with eager masked attention if that fails
+    local part=$1 precision=$2
+    cd "$WORK/$part" && toolkit_for "$part" $SAM3 precision="$precision"
+    build "$part-build" weights export compile package verify $SAM3 precision="$precision" && return 0
     sed 's/^masked_attention = "sdpa"$/masked_attention = "eager"/' pipeline.toml > eager-attention.toml
-    build "$precision-build-eager-attention" weights export compile package verify $SAM3 precision="$precision" \
+    build "$part-build-eager-attention" weights export compile package verify $SAM3 precision="$precision" \
         config=eager-attention.toml
+}
+
+fast_build() {  # the bf16 build with the decoder's attentions in bf16, verified (no eager retry: it needs SDPA)
+    cd "$WORK/bf16fast" && sed -i 's/^box_path_attention = "fp32"$/box_path_attention = "bf16"/' pipeline.toml
+    toolkit_for bf16fast $SAM3 precision=bf16
+    build bf16fast-build weights export compile package verify $SAM3 precision=bf16
 }
 
 bf16_after() {  # alone on the machine: bench, then parity with Meta's model under bf16 autocast
@@ -96,16 +104,18 @@ tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (p
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 bf16fast tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
-    [[ $parts == *" bf16 "* ]] && { full_build bf16 & pids+=($!); }
-    [[ $parts == *" fp32 "* ]] && { full_build fp32 & pids+=($!); }
+    [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
+    [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
+    [[ $parts == *" bf16fast "* ]] && { fast_build & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && bf16_after
     [[ $parts == *" fp32 "* ]] && fp32_after
+    [[ $parts == *" bf16fast "* ]] && (cd "$WORK/bf16fast" && build bf16fast-bench bench $SAM3 precision=bf16)
     return 0
 }
 
@@ -150,5 +160,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [tiny] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [bf16fast] [tiny] | wait SECONDS" >&2; exit 2 ;;
 esac
