@@ -150,7 +150,7 @@ def test_a_bf16_build_can_run_the_decoders_attentions_in_bf16_and_keep_its_box_p
     decoder's."""
     from transformers.models.sam3.modeling_sam3 import Sam3Attention
 
-    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=11)
+    images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=11)
     fast_model = copy.deepcopy(tiny_model)
     seen = []
     with torch.no_grad():
