@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .artifacts import atomic_output, check_free_space, human_size, mark, record, sha256
+from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .errors import InputError, PackageError, first_line
 from .integrity import check_package, digest_file, write_digest
 from .paths import ProfilePaths, archive_entries, fallback_of
@@ -252,7 +253,7 @@ class CheckedModel:
         model = metadata.get("models", {}).get("model", {})
         tokenizer = metadata.get("tokenizer", {})
         self.runner, self.device = runner, metadata.get("device", "cpu")
-        self.graph_runner = runner if hasattr(runner, "capture") else None  # a CudaGraphRunner
+        self.graph_runner = runner if isinstance(runner, CudaGraphRunner) else None
         self.side = model.get("inputs", {}).get("images", {}).get("shape", [0, 0, 0])[2]
         self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
 
@@ -363,8 +364,6 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     that off."""
     import torch
 
-    from .cuda_graphs import DEFAULT_MAX_GRAPHS, CudaGraphRunner, graphs_wanted
-
     if torch.__version__ < "2.11":
         import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages; 3 s)
 
@@ -395,8 +394,6 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
 
 def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: bool) -> str:
     """"on", or why the model runs without CUDA graphs."""
-    from .cuda_graphs import SWITCH
-
     if not graphs:
         if metadata.get("device") != "cuda":
             return f"off: a {metadata.get('device', '?')} package"
