@@ -255,7 +255,7 @@ def run(settings: Settings) -> None:
     paths, opts = ProfilePaths.of(settings), settings.stage("bench")
     cuda = settings.device == "cuda"
     package = load_package(paths.package, cuda_graphs=False)
-    loads = load_seconds(paths.package, settings.device, opts.get("isa_probe_loaders", False))
+    loads = load_seconds(paths.package, settings.device, opts["isa_probe_loaders"])
     t0 = time.perf_counter()
     exported = package.exported_only()
     fallback_s = time.perf_counter() - t0
