@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sam3_aoti.bench import time_calls
+from sam3_aoti.model import dense_mask
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -40,9 +41,8 @@ def main() -> None:
         q = torch.randn(b, h, lq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, h, lk, d, device="cuda", dtype=dtype) for _ in range(2))
         mask = None
-        if biased:  # the layout model.dense_mask gives: last stride 1, rows padded to a multiple of 8
-            pad = -lk % 8
-            mask = F.pad(torch.randn(b, h, lq, lk, device="cuda", dtype=dtype), (0, pad))[..., :lk]
+        if biased:  # in the layout the package hands SDPA: last stride 1, rows padded to a multiple of 8
+            mask = dense_mask(torch.randn(b, h, lq, lk, device="cuda"), dtype, lq, lk)
         flop = 4 * b * h * lq * lk * d
         results[name] = {}
         reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sam3_aoti.bench import time_calls
+from sam3_aoti.model import dense_mask
 
 TOKENS = 2 * 72 * 72
 VIT_LINEARS = {"qkv": (1024, 3072), "proj": (1024, 1024), "fc1": (1024, 4736), "fc2": (4736, 1024)}
@@ -69,7 +70,7 @@ def decoder_attention_levers() -> dict:
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(n, h, lq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(n, h, lk, d, device="cuda", dtype=dtype) for _ in range(2))
-        bias = F.pad(torch.randn(n, h, lq, lk, device="cuda", dtype=dtype), (0, -lk % 8))[..., :lk]
+        bias = dense_mask(torch.randn(n, h, lq, lk, device="cuda"), dtype, lq, lk)
         name = str(dtype).removeprefix("torch.")
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
             out[f"sdpa efficient {name}"] = round(6 * timed(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)), 3)

@@ -208,9 +208,7 @@ def meta_backend(settings: Settings):
     if settings.device != "cuda" or settings.architecture != "full" or importlib.util.find_spec("sam3") is None:
         return None
     import torch
-    from sam3.model.data_misc import FindStage
-
-    from .parity import meta_model, write_meta_checkpoint
+    from .parity import meta_find_stage, meta_model, write_meta_checkpoint
 
     write_meta_checkpoint(settings)
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -222,8 +220,7 @@ def meta_backend(settings: Settings):
         as Meta's import sets it."""
         n, p = pixels.shape[0] * len(prompts), len(prompts)
         ids = torch.arange(n, device="cuda")
-        find = FindStage(img_ids=ids // p, text_ids=ids % p, input_boxes=None, input_boxes_mask=None,
-                         input_boxes_label=None, input_points=None, input_points_mask=None)
+        find = meta_find_stage(ids // p, ids % p)
         saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         try:

@@ -88,13 +88,18 @@ def meta_outputs(model, pixels, prompts: list[str], device: str, precision: str 
         return tuple(t.float() for t in _meta_outputs(model, pixels, prompts, device))
 
 
-def _meta_outputs(model, pixels, prompts, device):
-    import torch
+def meta_find_stage(img_ids, text_ids):
+    """Meta's grounding query for text prompts only: pair j = (image img_ids[j], prompt text_ids[j])."""
     from sam3.model.data_misc import FindStage
 
-    find = FindStage(img_ids=torch.tensor([0], device=device), text_ids=torch.tensor([0], device=device),
-                     input_boxes=None, input_boxes_mask=None, input_boxes_label=None, input_points=None,
-                     input_points_mask=None)
+    return FindStage(img_ids=img_ids, text_ids=text_ids, input_boxes=None, input_boxes_mask=None,
+                     input_boxes_label=None, input_points=None, input_points_mask=None)
+
+
+def _meta_outputs(model, pixels, prompts, device):
+    import torch
+
+    find = meta_find_stage(torch.tensor([0], device=device), torch.tensor([0], device=device))
     image_out = model.backbone.forward_image(pixels)
     rows = []
     for prompt in prompts:

@@ -107,11 +107,11 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
 
 def pictures(cases) -> list[tuple[str, str]]:
     """The PNGs `render` makes, by name, with captions."""
-    shown = [("../render/scores.png", "AOTI vs eager score of every query of every case")]
+    figures = [("../render/scores.png", "AOTI vs eager score of every query of every case")]
     for case in cases:
-        shown += [(f"../render/{case.name}.png", f"{case.name}: {', '.join(case.prompts)} (left eager, right AOTI)"),
+        figures += [(f"../render/{case.name}.png", f"{case.name}: {', '.join(case.prompts)} (left eager, right AOTI)"),
                   (f"../render/{case.name}_mask_diff.png", f"{case.name}: top mask, |AOTI - eager| after sigmoid")]
-    return shown
+    return figures
 
 
 def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], backends: dict, cases) -> Report:
