@@ -1,6 +1,6 @@
 """sam3-aoti: `uv run doit` builds, verifies and renders the SAM3 AOTInductor package.
 
-Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16 weights=random|PATH config=PATH
+Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16|fp8 weights=random|PATH config=PATH
                        toolkit=pinned|machine (the CUDA toolkit: the pip wheels uv.lock pins, or the machine's)
 Each variant (profile, precision, device) builds in its own folder: artifacts/<profile>-<precision>-<device>/.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task
 from tasks.runs import guard
-from sam3_aoti.config import DEFAULT_CASES, package_version
+from sam3_aoti.config import DEFAULT_CASES, gpu_model, package_version
 from sam3_aoti.integrity import digest_file
 from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
 from sam3_aoti.cuda_env import doctor_path
@@ -58,12 +58,27 @@ def task_export():
                       PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
 
 
+def task_tune():
+    # Once per GPU model, torch/Triton version and graph: the program digest and the GPU are its inputs.
+    if not SETTINGS.tuned:
+        why = "device=cpu" if SETTINGS.device != "cuda" else "[tune] enabled = false in pipeline.toml"
+        return {"doc": f"Inductor autotuning for compile (off here: {why})",
+                "actions": [lambda: print(f"sam3-aoti: tuning is off ({why}): compile uses [compile] options only")],
+                "uptodate": [False], "verbosity": 2}
+    return stage_task("tune", "Inductor autotuning (GEMM templates, kernel configs), kept for every later compile",
+                      [PATHS.program_digest, ENV_FILE], [PATHS.tuning_index],
+                      gpu=gpu_model(), triton=package_version("triton"), compile=SETTINGS.stage("compile"))
+
+
 def task_compile():
     # Keyed by the program digest (graphs, signatures, weight layouts), not the weights: a new seed or
     # checkpoint of the same architecture re-packages without running AOTInductor again. cuda.env (a
-    # target of toolchain) names the toolkit and the versions that shape the compiled code.
+    # target of toolchain) names the toolkit and the versions that shape the compiled code; a tuned
+    # compile also reads the tune stage's results.
+    tuning = [PATHS.tuning_index] if SETTINGS.tuned else []
     return stage_task("compile", "AOTInductor-compile both programs into code without weights (the slow part)",
-                      [PATHS.program_digest, ENV_FILE], [PATHS.compiled_index])
+                      [PATHS.program_digest, ENV_FILE, *tuning], [PATHS.compiled_index],
+                      tuned=SETTINGS.tuned, tune=SETTINGS.stage("tune") if SETTINGS.tuned else None)
 
 
 def task_package():

@@ -5,8 +5,13 @@
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
-#   bf16fast: the bf16 build with [export] box_path_attention = "bf16" (the DETR decoder's attentions in
-#          bf16, its box path fp32): verify, then bench
+#   fast:  the bf16 build with [export] box_path_attention = "bf16" (the DETR decoder's attentions in bf16, its
+#          box path fp32), untuned ([tune] enabled = false): verify, then bench of the AOTI columns
+#   tuned: the same build tuned: `doit tune` from nothing (at most TUNE_LIMIT s, default 660), then compile with
+#          the tuning results (alone on the machine: the compile time with the tuning cache present), verify, and
+#          the bench of every column
+#   fp8:   precision=fp8 (the ViT's linears as fp8 GEMMs), box_path_attention = "bf16", untuned: verify against
+#          the bf16 model, then bench of the AOTI columns
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -25,8 +30,10 @@ RESULTS=/tmp/sam3-aoti-results
 WORK=/tmp/sam3-aoti
 SAM3="profile=sam3 weights=random device=cuda"
 
+hidden_path() { tr ':' '\n' <<< "$PATH" | grep -v cuda | paste -sd:; }
+
 hidden() {  # hidden COMMAND...: with the machine's CUDA toolkit out of sight
-    env -u CUDA_HOME -u CUDA_PATH PATH="$(tr ':' '\n' <<< "$PATH" | grep -v cuda | paste -sd:)" "$@"
+    env -u CUDA_HOME -u CUDA_PATH PATH="$(hidden_path)" "$@"
 }
 
 toolkit_for() {  # toolkit_for PART ARGS...: the pinned toolchain, hidden; else toolkit=machine; the choice goes to toolkit.txt
@@ -42,8 +49,24 @@ build() {  # build NAME ARGS...: doit with the toolkit toolkit_for chose (hidden
     local name=$1 toolkit
     shift
     toolkit=$(cat toolkit.txt)
-    if [[ $toolkit == toolkit=pinned ]]; then step "$name" hidden scripts/gpu_run.sh "$@" "$toolkit"
-    else step "$name" scripts/gpu_run.sh "$@" "$toolkit"; fi
+    local run=(scripts/gpu_run.sh "$@" "$toolkit")
+    [[ $toolkit == toolkit=pinned ]] && run=(env -u CUDA_HOME -u CUDA_PATH PATH="$(hidden_path)" "${run[@]}")
+    [[ -n ${LIMIT:-} ]] && run=(limited "$LIMIT" "${run[@]}")
+    step "$name" "${run[@]}"
+}
+
+configure() {  # configure KEY VALUE...: set keys of this checkout's pipeline.toml (each key is there once)
+    while (($# >= 2)); do sed -i "s|^$1 = .*|$1 = $2|" pipeline.toml; shift 2; done
+}
+
+limited() {  # limited SECONDS COMMAND...: the command in its own process group, killed whole after SECONDS
+    local secs=$1 pid watcher rc
+    shift
+    setsid "$@" & pid=$!
+    (sleep "$secs"; kill -- -"$pid" 2>/dev/null) & watcher=$!
+    wait "$pid"; rc=$?
+    kill "$watcher" 2>/dev/null
+    return $rc
 }
 
 step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times to RESULTS/status
@@ -70,10 +93,25 @@ full_build() {  # full_build PART PRECISION: toolchain to verify; once more with
         config=eager-attention.toml
 }
 
-fast_build() {  # the bf16 build with the decoder's attentions in bf16, verified (no eager retry: it needs SDPA)
-    cd "$WORK/bf16fast" && sed -i 's/^box_path_attention = "fp32"$/box_path_attention = "bf16"/' pipeline.toml
-    toolkit_for bf16fast $SAM3 precision=bf16
-    build bf16fast-build weights export compile package verify $SAM3 precision=bf16
+AOTI_ONLY=(columns '["aoti", "aoti_graphs"]' load_times false)  # the eager columns come from the tuned bench
+
+fast_part() {  # bf16, the decoder's attentions in bf16, untuned: verified (no eager retry: it needs SDPA)
+    cd "$WORK/fast" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
+    toolkit_for fast $SAM3 precision=bf16
+    build fast-build weights export compile package verify $SAM3 precision=bf16
+}
+
+fp8_part() {
+    cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
+    toolkit_for fp8 $SAM3 precision=fp8
+    build fp8-build weights export compile package verify $SAM3 precision=fp8
+}
+
+tuned_part() {  # export, then the tuning from nothing, next to the other builds (its time is an upper bound)
+    cd "$WORK/tuned" && configure box_path_attention '"bf16"' enabled true
+    toolkit_for tuned $SAM3 precision=bf16
+    build tuned-export weights export $SAM3 precision=bf16 || return 1
+    LIMIT=${TUNE_LIMIT:-660} build tuned-tune tune $SAM3 precision=bf16
 }
 
 bf16_after() {  # alone on the machine: bench, then parity with Meta's model under bf16 autocast
@@ -104,18 +142,30 @@ tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (p
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 bf16fast tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 fast tuned fp8 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
-    [[ $parts == *" bf16fast "* ]] && { fast_build & pids+=($!); }
+    [[ $parts == *" fast "* ]] && { fast_part & pids+=($!); }
+    [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
+    [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && bf16_after
     [[ $parts == *" fp32 "* ]] && fp32_after
-    [[ $parts == *" bf16fast "* ]] && (cd "$WORK/bf16fast" && build bf16fast-bench bench $SAM3 precision=bf16)
+    local tuned_pid=
+    if [[ $parts == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
+        (cd "$WORK/tuned" && build tuned-build compile package verify $SAM3 precision=bf16) & tuned_pid=$!
+    fi
+    # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free); every
+    # column for the untuned bf16 build where the tuning did not finish
+    [[ $parts == *" tuned "* && -z $tuned_pid ]] && (cd "$WORK/fast" && configure columns \
+        '["meta", "transformers", "exported", "aoti", "aoti_graphs"]' load_times true)
+    [[ $parts == *" fast "* ]] && (cd "$WORK/fast" && build fast-bench bench $SAM3 precision=bf16)
+    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
+    [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     return 0
 }
 
@@ -130,6 +180,7 @@ pack() {
         mkdir -p "$staging/${name//\//_}"
         (cd "$root" && find . -path '*/verify/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
             \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' \
+            -o -path '*/compiled/index.json' -o -path '*/tuning/index.json' \
             -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json \) -print0 | tar --null -T - -cf -) \
             | tar -xf - -C "$staging/${name//\//_}"
         ls -l "$root"/*/package > "$staging/${name//\//_}/package-ls.txt" 2>/dev/null
@@ -160,5 +211,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [bf16fast] [tiny] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [fast] [tuned] [fp8] [tiny] | wait SECONDS" >&2; exit 2 ;;
 esac

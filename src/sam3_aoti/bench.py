@@ -32,6 +32,8 @@ log = logging.getLogger("sam3_aoti")
 PHRASES = ("a person", "a car", "a tree", "a building", "a swimming pool", "a road", "a boat", "a roof",
            "a dog", "a bicycle", "a truck", "a field", "a river", "a bridge", "a solar panel", "a parking lot")
 PROFILE_SHAPE = (2, 3)  # the call whose kernels are broken down
+COLUMNS = {"meta": "Meta sam3 eager (bf16 autocast)", "transformers": "transformers eager",  # [bench] columns
+           "exported": "exported program", "aoti": "AOTI", "aoti_graphs": "AOTI + CUDA graphs"}
 KERNEL_CATEGORIES = (  # first match wins, on the lower-cased kernel name
     ("attention (SDPA)", ("flash", "fmha", "attention", "cudnn_generated", "sdpa")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "wgmma", "splitk")),
@@ -251,20 +253,22 @@ def run(settings: Settings) -> None:
 
     paths, opts = ProfilePaths.of(settings), settings.stage("bench")
     cuda = settings.device == "cuda"
+    columns = set(opts["columns"])
     package = load_package(paths.package, cuda_graphs=False)
-    loads = load_seconds(paths.package, settings.device, opts["isa_probe_loaders"])
+    loads = load_seconds(paths.package, settings.device, opts["isa_probe_loaders"]) if opts["load_times"] else {}
     t0 = time.perf_counter()
     exported = package.exported_only()
     fallback_s = time.perf_counter() - t0
     log.info("load: exported-program fallback %.2f s", fallback_s)
-    eager, _ = eager_reference(settings)
-    backends = {"transformers eager": eager, "exported program": exported.model, "AOTI": package.model}
+    eager, _ = eager_reference(settings)  # also what FLOPs are counted on
+    backends = {COLUMNS[c]: fn for c, fn in
+                [("transformers", eager), ("exported", exported.model), ("aoti", package.model)] if c in columns}
     graphed = None
-    if cuda:
+    if cuda and "aoti_graphs" in columns:
         graphed = load_package(paths.package, cuda_graphs=True, max_graphs=len(opts["shapes"]))
-        backends["AOTI + CUDA graphs"] = graphed.model
-    meta = meta_backend(settings)
-    if cuda and meta is None:
+        backends[COLUMNS["aoti_graphs"]] = graphed.model
+    meta = meta_backend(settings) if "meta" in columns else None
+    if cuda and meta is None and "meta" in columns:
         log.info("Meta's sam3 is not importable here (or not the full model): its column is left out")
     gemm = gemm_tflops() if cuda else None
     if gemm:
@@ -276,7 +280,7 @@ def run(settings: Settings) -> None:
         row = {"batch": b, "prompts": p, "flop": flops, "backends": {}}
         calls = {name: (fn, (images, token_ids)) for name, fn in backends.items()}
         if meta is not None:
-            calls = {"Meta sam3 eager (bf16 autocast)": (meta, (images, phrases)), **calls}
+            calls = {COLUMNS["meta"]: (meta, (images, phrases)), **calls}
         for name, (fn, args) in calls.items():
             result = measure(fn, args, settings.device, opts["warmup"], opts["iters"])
             result["images_per_s"] = round(b / (result["median_ms"] / 1e3), 1)
@@ -318,7 +322,7 @@ def bench_report(settings: Settings, info: dict) -> Report:
                              best["peak_mib"] if best["peak_mib"] is not None else "-"])
     loads = Table("Load (fresh process each, page cache warm)", ["consumer", "seconds"],
                   [[k, v] for k, v in info["load_seconds"].items()] + [["exported-program fallback", info["fallback_load_seconds"]]])
-    tables = [latency, loads]
+    tables = [latency, loads] if info["load_seconds"] else [latency]
     kernels = info.get("aoti_kernels_at_2x3")
     if kernels:
         tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",

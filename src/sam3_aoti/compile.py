@@ -140,9 +140,20 @@ def run(settings: Settings) -> None:
     inductor = dict(settings.stage("compile").get("inductor", {}))
     sdpa_backends = settings.stage("compile")["sdpa_backends"] if settings.device == "cuda" else None
     digest = json.loads(paths.program_digest.read_text())
+    platform = platform_info(settings.device)
+    tuning = None
+    if settings.tuned:  # the tune stage's decisions into this compile's cache: it benchmarks nothing
+        from .tune import count_decisions, read_tuning, seed, tuning_key, tuning_options
+
+        inductor = tuning_options(settings)
+        tuned = read_tuning(paths, tuning_key(settings, digest["sha256"], platform))
+        seeded = seed(paths.tuning / "results", Path(cache_dir()))
+        before = count_decisions(Path(cache_dir()))
+        log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
+                 paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     programs = load_pt2(str(paths.exported)).exported_programs
     index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
-             "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
+             "platform": platform, "models": {}, "compile_seconds": {},
              "toolchain": {**{k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(env_file(settings))}}
     with atomic_output(paths.compiled) as tmp:
@@ -160,9 +171,17 @@ def run(settings: Settings) -> None:
             code = sum((tmp / name / f).stat().st_size for f in index["models"][name]["files"])
             log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,
                      human_size(code), human_size(index["models"][name]["blob_bytes"]))
+        if settings.tuned:
+            after = count_decisions(Path(cache_dir()))
+            tuning = {"tuning_index": str(paths.tuning_index.relative_to(paths.root)),
+                      "benchmarked_now": {k: after[k] - before[k] for k in after}}
+            index["tuning"] = tuning
+            if any(tuning["benchmarked_now"].values()):
+                log.warning("the tuning results lacked %s: this compile benchmarked them (`uv run doit tune` "
+                            "again keeps them)", tuning["benchmarked_now"])
         (tmp / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     record(paths.manifest, "compile", [paths.compiled_index], {
-        "compile_seconds": index["compile_seconds"], "program_sha256": digest["sha256"],
+        "compile_seconds": index["compile_seconds"], "program_sha256": digest["sha256"], "tuning": tuning,
         **settings.fingerprint("compile"),
     })
 

@@ -15,7 +15,7 @@ DEFAULT_CONFIG = REPO_ROOT / "pipeline.toml"
 DEFAULT_CASES = REPO_ROOT / "cases.toml"
 PROFILES = ("tiny", "sam3")
 DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp8")  # fp8: bf16 with the ViT's linears as fp8 GEMMs (sam3_aoti.fp8)
 TOOLKITS = ("pinned", "machine")  # the CUDA toolkit AOTInductor builds with (sam3_aoti.cuda_toolkit)
 HUB_MODEL = "facebook/sam3"
 
@@ -54,6 +54,11 @@ class Settings:
         return f"{self.profile}-{self.precision}-{self.device}"
 
     @property
+    def tuned(self) -> bool:
+        """Whether `compile` uses Inductor's autotuning (the `tune` stage's results): on a GPU, when enabled."""
+        return self.device == "cuda" and bool(self.stage("tune").get("enabled", False))
+
+    @property
     def architecture(self) -> str:
         return self.tables["profiles"][self.profile]["architecture"]
 
@@ -69,6 +74,22 @@ class Settings:
             "torch": package_version("torch"),
             "transformers": package_version("transformers"),
         }
+
+
+def gpu_model() -> str | None:
+    """The first NVIDIA GPU's model name, without importing torch (the driver's /proc files, else nvidia-smi)."""
+    import subprocess
+
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                return line.split(":", 1)[1].strip()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def cached_hub_checkpoint(repo_id: str = HUB_MODEL) -> Path | None:
@@ -122,9 +143,9 @@ def load_settings(
         raise ConfigError("device=cuda but no NVIDIA driver is loaded on this machine: use device=cpu")
     precision = precision or tables["profiles"][profile].get("precision", "fp32")
     if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision={precision!r}: use fp32 or bf16")
-    if precision == "bf16" and device == "cpu":
-        raise ConfigError("precision=bf16 needs device=cuda: use precision=fp32 on the CPU")
+        raise ConfigError(f"unknown precision={precision!r}: use fp32, bf16 or fp8")
+    if precision != "fp32" and device == "cpu":
+        raise ConfigError(f"precision={precision} needs device=cuda: use precision=fp32 on the CPU")
     check_tolerances_for(config_path, tables, precision)
     weights = weights or "random"
     if profile == "tiny" and weights != "random":

@@ -18,3 +18,5 @@ RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Proc
 
 # Parts of a low-precision build that run in fp32 (model.keep_box_path_fp32 says why).
 FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
+# Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (sam3_aoti.fp8); the rest is bf16.
+FP8_PARTS = ("vision_encoder.backbone",)

@@ -66,10 +66,15 @@ def run(settings: Settings) -> None:
 
     paths, opts = ProfilePaths.of(settings), settings.stage("export")
     device = torch.device(settings.device)
+    if settings.precision == "fp8":
+        from .fp8 import check_fp8_device
+
+        if reason := check_fp8_device(device):
+            raise ExportError(f"precision=fp8: {reason}; build precision=bf16 on this machine")
     model = load_model(settings).to(device)
     config = model.config
     wrapper = Sam3Grounding(model, DTYPES[settings.precision], masked_attention=opts["masked_attention"],
-                            box_path_attention=opts["box_path_attention"]).eval()
+                            box_path_attention=opts["box_path_attention"], fp8_vit=settings.precision == "fp8").eval()
     atol = 1e-4 if settings.precision == "fp32" else 5e-2
 
     example = example_inputs(config, opts["example_batch"], opts["example_prompts"], device=device)

@@ -214,13 +214,19 @@ class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
     def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16,
-                 masked_attention: str = "sdpa", box_path_attention: str = "fp32"):
+                 masked_attention: str = "sdpa", box_path_attention: str = "fp32", fp8_vit: bool = False):
         super().__init__()
         model.to(dtype)
         if dtype != torch.float32:
             keep_box_path_fp32(model, dtype, fp32_parts)
             if box_path_attention == "bf16" and masked_attention == "sdpa":
                 attention_in(model.detr_decoder, dtype)
+        if fp8_vit:  # precision=fp8: a bf16 build whose ViT linears are rowwise-scaled fp8 GEMMs (fp8.py)
+            from .contract import FP8_PARTS
+            from .fp8 import quantize_linears
+
+            for name in FP8_PARTS:
+                quantize_linears(model.get_submodule(name))
         self.dtype = dtype
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
@@ -288,7 +294,8 @@ class ImageTransforms(nn.Module):
         return (x - IMAGE_MEAN) / IMAGE_STD
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The compute dtype of each precision; fp8 is bf16 with the ViT's linears in fp8 (Sam3Grounding(fp8_vit=True)).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def example_inputs(config: Sam3Config, batch: int, prompts: int, seed: int = 0, device="cpu"):

@@ -49,6 +49,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "random_weights": settings.weights == "random",
         "precision": settings.precision,
         "fp32_parts": list(contract.FP32_IN_BF16) if settings.precision != "fp32" else [],
+        "fp8_parts": list(contract.FP8_PARTS) if settings.precision == "fp8" else [],
         "device": settings.device,
         "models": {
             "model": {

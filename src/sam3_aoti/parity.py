@@ -117,9 +117,9 @@ def run(settings: Settings) -> None:
     from .package import load_package
     from .postprocess import to_tensor
 
-    if settings.device != "cuda" or settings.architecture != "full":
-        raise ConfigError("parity compares the full model on a GPU: use profile=sam3 device=cuda "
-                          "(precision=fp32 or bf16)")
+    if settings.device != "cuda" or settings.architecture != "full" or settings.precision == "fp8":
+        raise ConfigError("parity compares the full model on a GPU with Meta's, which runs in fp32 or bf16: use "
+                          "profile=sam3 device=cuda precision=fp32 or bf16 (verify gates an fp8 build against bf16)")
     paths, tolerances = ProfilePaths.of(settings), settings.stage("parity")["tolerances"][settings.precision]
     t0 = time.perf_counter()
     write_meta_checkpoint(settings)

@@ -48,6 +48,15 @@ class ProfilePaths:
         return self.compiled / "index.json"
 
     @property
+    def tuning(self) -> Path:
+        """Inductor's autotuning results for this variant's graph on this GPU (`tune`), read by `compile`."""
+        return self.root / "tuning"
+
+    @property
+    def tuning_index(self) -> Path:
+        return self.tuning / "index.json"
+
+    @property
     def package(self) -> Path:
         return self.root / "package" / "sam3.pt2"
 

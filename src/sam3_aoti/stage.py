@@ -84,7 +84,7 @@ def main(stage: str, fn, description: str) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m sam3_aoti.{stage}", description=description)
     parser.add_argument("--profile", help="tiny (default) or sam3")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is present)")
-    parser.add_argument("--precision", help="fp32 or bf16 (default: the profile's)")
+    parser.add_argument("--precision", help="fp32, bf16 or fp8 (default: the profile's)")
     parser.add_argument("--weights", help="random (default) or a checkpoint path (profile sam3)")
     parser.add_argument("--config", help="pipeline.toml to read (default: the repository's)")
     parser.add_argument("--toolkit", help="pinned (default: the pip CUDA wheels) or machine")

@@ -28,6 +28,7 @@ def _unit(v) -> bool:
     return _number(v) and 0 <= v <= 1
 
 
+BENCH_COLUMNS = ("meta", "transformers", "exported", "aoti", "aoti_graphs")  # bench.COLUMNS names them
 PAIRS = "a list of [batch, prompts] pairs of positive integers, e.g. [[1, 1], [2, 3]]"
 # (table, key): (check, what the value must be). Every key here is read by a stage.
 PIPELINE_KEYS = {
@@ -45,12 +46,17 @@ PIPELINE_KEYS = {
                                   and all(b in ("cudnn", "flash", "efficient", "math") for b in v),
                                   'a list of distinct SDPA kernels from "cudnn", "flash", "efficient", "math"'),
     ("compile", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
+    ("tune", "enabled"): (lambda v: isinstance(v, bool), "true or false"),
+    ("tune", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
     ("verify", "shapes"): (_pairs, PAIRS),
     ("verify", "largest_shape"): (_pair, "one [batch, prompts] pair of positive integers"),
     ("bench", "shapes"): (_pairs, PAIRS),
     ("bench", "warmup"): (_int(0), "an integer >= 0"),
     ("bench", "iters"): (_int(1), "a positive integer"),
     ("bench", "isa_probe_loaders"): (lambda v: isinstance(v, bool), "true or false"),
+    ("bench", "columns"): (lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
+                           and all(c in BENCH_COLUMNS for c in v), f"a list of distinct columns from {BENCH_COLUMNS}"),
+    ("bench", "load_times"): (lambda v: isinstance(v, bool), "true or false"),
     ("render", "score_threshold"): (_unit, "a number between 0 and 1"),
     ("render", "max_instances"): (_int(1), "a positive integer"),
 }
@@ -65,6 +71,7 @@ PARITY_TOLERANCES = {"top1_same_min": (_unit, "a number between 0 and 1"), "scor
                      "top5_overlap_min": (_unit, "a number between 0 and 1"),
                      "mask_iou_min": (_unit, "a number between 0 and 1"), "pixels_max_levels": (_number, "a number")}
 ARCHITECTURES = ("tiny", "full")
+PARITY_PRECISIONS = ("fp32", "bf16")
 RANDOM_INIT = {"bias_noise": (lambda v: _number(v) and v >= 0, "a number >= 0")}
 OPTIONAL_RANDOM_INIT = {"matrix_gain": (lambda v: _number(v) and v > 0, "a number > 0")}
 
@@ -120,7 +127,8 @@ def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple)
         for key, spec in OPTIONAL_TOLERANCES.items():
             _check(path, where, table, key, spec, required=False)
         check_per_output(path, where, table)
-    for precision in precisions:  # parity compares a build of each precision with Meta's model run the same way
+    # parity compares a build with Meta's model run the same way; Meta has no fp8 (verify gates fp8 against bf16)
+    for precision in PARITY_PRECISIONS:
         where = f"parity.tolerances.{precision}"
         for key, spec in PARITY_TOLERANCES.items():
             _check(path, where, _table(path, tables, where), key, spec)

@@ -117,7 +117,9 @@ def pictures(cases) -> list[tuple[str, str]]:
 def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], backends: dict, cases) -> Report:
     note = (f"Package `{paths.package.name}`, weights `{settings.weights}`"
             + (" (random init: outputs mean nothing, drift still does)" if settings.weights == "random" else "")
-            + ". In the pictures, left of each case: eager transformers; right: the AOTI package.")
+            + ". In the pictures, left of each case: eager transformers; right: the AOTI package."
+            + (" Reference: the bf16 model, so every row is the accuracy cost of the fp8 ViT linears."
+               if settings.precision == "fp8" else ""))
     return Report(f"Verify: {settings.profile} ({settings.device}, {settings.precision})", [note], rows,
                   figures=pictures(cases), data={"backends": backends})
 

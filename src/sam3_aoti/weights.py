@@ -132,7 +132,8 @@ def load_model(settings: Settings):
 def eager_reference(settings: Settings):
     """The eager wrapper and image transforms from the profile's checkpoint: what verify, render and bench
     compare the package against. Its masked attentions are transformers' plain matmul-softmax, so verify
-    also gates the SDPA path the package is exported with."""
+    also gates the SDPA path the package is exported with. An fp8 build is compared with the bf16 model (its
+    ViT linears unquantized): verify then gates what fp8 costs against the precision users would run instead."""
     from .model import DTYPES, ImageTransforms, Sam3Grounding
 
     eager = Sam3Grounding(load_model(settings).to(settings.device), DTYPES[settings.precision],

@@ -1,0 +1,151 @@
+"""Stage `tune`: Inductor's autotuning, run once per GPU model, torch/Triton version and graph, and kept.
+
+max-autotune benchmarks Triton GEMM templates (with their epilogues fused) against cuBLAS for every GEMM
+shape, and coordinate-descent tuning searches each Triton kernel's launch config: many minutes of GPU
+benchmarks. This stage compiles both exported programs once with `[tune] inductor` in an empty Inductor
+cache and keeps only what the benchmarks decided (the GEMM choice timings, Inductor's `cache/<system>`
+file, and each kernel's `.best_config`) in `tuning/results/`, with what they hold for in
+`tuning/index.json` (the key). `compile` seeds its cache with them and compiles with the same options: it
+benchmarks nothing, and says so in its index (`benchmarked_now`) when it had to.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .artifacts import atomic_output, record
+from .config import Settings
+from .errors import CompileError, ConfigError, first_line
+from .paths import ProfilePaths
+
+log = logging.getLogger("sam3_aoti")
+
+GEMM_CHOICES = "cache"  # Inductor's PersistentCache: cache/<hash of GPU name, Triton and CUDA versions>
+BEST_CONFIG = ".best_config"  # beside each generated kernel: <cache>/<2 chars>/<kernel hash>.best_config
+
+
+def tuning_options(settings: Settings) -> dict:
+    """Inductor options of a tuned compile: [compile] inductor, then [tune] inductor over it."""
+    return {**settings.stage("compile").get("inductor", {}), **settings.stage("tune").get("inductor", {})}
+
+
+def tuning_key(settings: Settings, program_sha256: str, platform: dict) -> dict:
+    """What tuning results hold for: the GPU model, the versions that generate and time kernels, the graph
+    and the options. Results for another key are never used."""
+    return {"gpu": platform.get("gpu"), "torch": platform["torch"], "triton": platform["triton"],
+            "cuda": platform["cuda"], "program_sha256": program_sha256, "inductor": tuning_options(settings)}
+
+
+def tuned_files(cache: Path) -> list[Path]:
+    """The files of an Inductor cache that hold autotuning decisions, relative to it."""
+    choices = [p for p in (cache / GEMM_CHOICES).glob("*") if p.is_file()]
+    configs = [p for p in cache.rglob(f"*{BEST_CONFIG}") if p.is_file()]
+    return sorted(p.relative_to(cache) for p in choices + configs)
+
+
+def count_decisions(cache: Path) -> dict:
+    """GEMM (op, input layout) entries timed and kernels with a tuned launch config, in an Inductor cache."""
+    gemms = 0
+    for path in (cache / GEMM_CHOICES).glob("*"):
+        try:
+            table = json.loads(path.read_text()).get("cache", {})
+        except (OSError, ValueError):
+            continue
+        gemms += sum(len(layouts) for layouts in table.values())
+    return {"gemm_layouts": gemms, "kernel_configs": sum(1 for _ in cache.rglob(f"*{BEST_CONFIG}"))}
+
+
+def harvest(cache: Path, dest: Path) -> int:
+    """Copy the tuning decisions of `cache` to `dest` (same relative paths); returns how many files."""
+    files = tuned_files(cache)
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cache / rel, dest / rel)
+    return len(files)
+
+
+def seed(results: Path, cache: Path) -> int:
+    """Put tuning decisions into an Inductor cache: kernel configs copied, the GEMM timings merged into a
+    timing file already there (the tuned entries win). Returns how many files were written."""
+    written = 0
+    for rel in tuned_files(results):
+        src, dst = results / rel, cache / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if rel.parts[0] == GEMM_CHOICES and dst.exists():
+            mine, theirs = json.loads(dst.read_text()), json.loads(src.read_text())
+            merged = _merge(mine.get("cache", {}), theirs.get("cache", {}))
+            tmp = dst.with_name(dst.name + ".seeding")
+            tmp.write_text(json.dumps({**theirs, "cache": merged}, indent=1))
+            os.replace(tmp, dst)
+        else:
+            shutil.copy2(src, dst)
+        written += 1
+    return written
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_tuning(paths: ProfilePaths, key: dict) -> dict:
+    """The tuning index, if its key is this compile's; a clear error otherwise."""
+    if not paths.tuning_index.exists():
+        raise CompileError(f"no tuning results at {paths.tuning}: run `uv run doit tune` (or set [tune] enabled = false)")
+    index = json.loads(paths.tuning_index.read_text())
+    stale = [k for k in key if index.get("key", {}).get(k) != key[k]]
+    if stale:
+        raise CompileError(f"the tuning results in {paths.tuning} are for another {', '.join(stale)}: "
+                           "run `uv run doit tune` to tune again")
+    return index
+
+
+def run(settings: Settings) -> None:
+    from torch.export.pt2_archive._package import load_pt2
+
+    from .compile import aoti_compile, platform_info
+
+    if not settings.tuned:
+        raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
+    paths = ProfilePaths.of(settings)
+    digest = json.loads(paths.program_digest.read_text())
+    key = tuning_key(settings, digest["sha256"], platform_info(settings.device))
+    options = tuning_options(settings)
+    programs = load_pt2(str(paths.exported)).exported_programs
+    seconds = {}
+    with tempfile.TemporaryDirectory(prefix=".tune-cache.", dir=paths.root) as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # empty: every decision is benchmarked here, now
+        for name in ("model", "transforms"):
+            log.info("tuning %s: a full compile that benchmarks every GEMM and kernel config (%s)", name, options)
+            t0 = time.perf_counter()
+            try:
+                aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
+            except Exception as e:
+                raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
+                                   "without it)") from e
+            seconds[name] = round(time.perf_counter() - t0, 1)
+            log.info("tuned %s in %.1f s", name, seconds[name])
+        decisions = count_decisions(Path(cache))
+        with atomic_output(paths.tuning) as tmp:
+            files = harvest(Path(cache), tmp / "results")
+            index = {"key": key, "tune_seconds": seconds, "files": files, **decisions,
+                     "date": time.strftime("%Y-%m-%d")}
+            (tmp / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    log.info("kept %d GEMM layouts and %d kernel configs (%d files) in %s", decisions["gemm_layouts"],
+             decisions["kernel_configs"], files, paths.tuning)
+    record(paths.manifest, "tune", [paths.tuning], {"tune_seconds": seconds, **decisions,
+                                                    **settings.fingerprint("tune", "compile")})
+
+
+if __name__ == "__main__":
+    from .stage import main
+
+    main("tune", run, __doc__.splitlines()[0])

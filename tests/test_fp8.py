@@ -1,0 +1,82 @@
+"""precision=fp8: the ViT's linears as rowwise-scaled fp8 GEMMs (sam3_aoti.fp8). The arithmetic and the rewrite
+run on the CPU (the emulated product); `_scaled_mm` itself on a GPU with fp8 tensor cores."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from sam3_aoti.config import load_settings
+from sam3_aoti.errors import ConfigError
+from sam3_aoti.fp8 import E4M3, E4M3_MAX, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
+from sam3_aoti.model import Sam3Grounding, example_inputs, random_model, tiny_config
+
+
+def test_rows_quantize_to_e4m3_with_one_scale_each():
+    x = torch.randn(8, 64) * torch.logspace(-3, 3, 8)[:, None]  # rows six decades apart
+    x[3] = 0
+    q, scale = quantize_rows(x)
+    assert q.dtype == E4M3 and scale.shape == (8, 1) and scale.dtype == torch.float32
+    assert torch.isfinite(scale).all() and (q[3].float() == 0).all()
+    back = q.float() * scale
+    row_max = x.abs().amax(-1, keepdim=True)
+    assert torch.allclose(back.abs().amax(-1, keepdim=True), row_max, rtol=1e-6)  # the row max is exact
+    # e4m3 keeps 3 mantissa bits: every value within 1/16 of itself, or half a subnormal step (2^-9 of the scale)
+    assert ((back - x).abs() <= x.abs() / 16 + scale * 2.0**-9).all()
+
+
+def test_fp8_linear_is_the_linear_to_fp8_precision():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    fp8 = Fp8Linear(linear)
+    assert fp8.weight.dtype == E4M3 and fp8.weight.shape == (32, 64)
+    assert fp8.weight_scale.shape == (1, 32) and fp8.bias.dtype == torch.bfloat16
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    got, want = fp8(x), linear(x.float())
+    assert got.shape == (2, 5, 32) and got.dtype == torch.bfloat16
+    rel = (got.float() - want).norm() / want.norm()
+    assert 1e-3 < rel < 0.08, rel  # quantized (not the bf16 product), and only to fp8's precision
+
+
+def test_only_aligned_linears_are_swapped():
+    part = nn.Sequential(nn.Linear(64, 32), nn.Sequential(nn.Linear(32, 48)), nn.Linear(48, 10), nn.ReLU())
+    assert quantize_linears(part) == 2
+    assert [type(m).__name__ for m in part.modules()].count("Fp8Linear") == 2
+    assert isinstance(part[2], nn.Linear)  # 10 outputs: not a multiple of 16, left in bf16
+
+
+def test_an_fp8_wrapper_quantizes_the_vit_linears_only_and_stays_near_bf16():
+    model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
+    bf16 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16).eval()
+    fp8 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_vit=True).eval()
+    swapped = [name for name, m in fp8.named_modules() if isinstance(m, Fp8Linear)]
+    layers = model.config.vision_config.backbone_config.num_hidden_layers
+    assert len(swapped) == 6 * layers  # q, k, v, o, fc1, fc2 of each ViT layer
+    assert all(name.startswith("model.vision_encoder.backbone.layers.") for name in swapped)
+    args = example_inputs(model.config, 2, 3)
+    with torch.no_grad():
+        got, want = fp8(*args), bf16(*args)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.isfinite(g).all()
+    logits_rel = (got[0] - want[0]).norm() / want[0].norm()
+    assert 1e-4 < logits_rel < 0.2, logits_rel
+
+
+def test_fp8_needs_a_gpu(tmp_path):
+    with pytest.raises(ConfigError, match="precision=fp8 needs device=cuda"):
+        load_settings(device="cpu", precision="fp8")
+    assert "CUDA GPU" in check_fp8_device(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_scaled_mm_is_the_emulated_product_on_the_gpu():
+    if check_fp8_device(torch.device("cuda")):
+        pytest.skip(check_fp8_device(torch.device("cuda")))
+    torch.manual_seed(0)
+    fp8 = Fp8Linear(nn.Linear(1024, 4096)).cuda()
+    x = torch.randn(3, 200, 1024, device="cuda", dtype=torch.bfloat16)
+    got = fp8(x)
+    emulated = copy.deepcopy(fp8).cpu()(x.cpu())
+    assert got.dtype == torch.bfloat16
+    assert (got.cpu().float() - emulated.float()).abs().max() <= 2e-2 * emulated.float().abs().max()

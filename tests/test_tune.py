@@ -1,0 +1,103 @@
+"""The tuning cache (sam3_aoti.tune): what is kept of an Inductor cache, how compile seeds its own with it, and
+when results are refused. The tuning itself runs on a GPU (`doit tune`); these are the CPU-side rules."""
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import copy_repo, run_doit
+from sam3_aoti.config import load_settings
+from sam3_aoti.errors import CompileError, ConfigError
+from sam3_aoti.paths import ProfilePaths
+from sam3_aoti.tune import count_decisions, harvest, read_tuning, seed, tuned_files, tuning_key, tuning_options
+
+
+def fake_inductor_cache(root, timings: dict, configs: dict):
+    """An Inductor cache as a tuned compile leaves it: GEMM timings, kernels, their best configs, a Triton cache."""
+    (root / "cache").mkdir(parents=True)
+    (root / "cache" / "systemhash").write_text(json.dumps({"system": {"device": "H"}, "cache": timings}))
+    for name, config in configs.items():
+        (root / name[:2]).mkdir(exist_ok=True)
+        (root / name[:2] / f"{name}.py").write_text("# generated kernel\n")
+        (root / name[:2] / f"{name}.best_config").write_text(json.dumps(config))
+    (root / "triton" / "0" / "abc").mkdir(parents=True)
+    (root / "triton" / "0" / "abc" / "kernel.cubin").write_bytes(b"\0")
+    return root
+
+
+TIMINGS = {"mm": {"layout-a": {"highest": {"aten": 0.1, "triton_1": 0.08}}, "layout-b": {"highest": {"aten": 0.2}}}}
+
+
+def test_only_the_tuning_decisions_are_kept(tmp_path):
+    cache = fake_inductor_cache(tmp_path / "cache", TIMINGS, {"cab12": {"XBLOCK": 64}, "cdf34": {"XBLOCK": 128}})
+    assert [str(p) for p in tuned_files(cache)] == ["ca/cab12.best_config", "cache/systemhash", "cd/cdf34.best_config"]
+    assert count_decisions(cache) == {"gemm_layouts": 2, "kernel_configs": 2}
+    assert harvest(cache, tmp_path / "results") == 3
+    assert not list((tmp_path / "results").rglob("*.py")) and not (tmp_path / "results" / "triton").exists()
+
+
+def test_seeding_merges_gemm_timings_and_copies_kernel_configs(tmp_path):
+    results = fake_inductor_cache(tmp_path / "tuned", TIMINGS, {"cab12": {"XBLOCK": 64}})
+    own = {"mm": {"layout-a": {"highest": {"aten": 9.0}}}, "bmm": {"layout-c": {"highest": {"aten": 1.0}}}}
+    cache = tmp_path / "compile-cache"
+    (cache / "cache").mkdir(parents=True)
+    (cache / "cache" / "systemhash").write_text(json.dumps({"system": {"device": "H"}, "cache": own}))
+    assert seed(results, cache) == 2
+    merged = json.loads((cache / "cache" / "systemhash").read_text())["cache"]
+    assert merged["mm"]["layout-a"]["highest"] == {"aten": 0.1, "triton_1": 0.08}  # the tuned entry wins
+    assert merged["bmm"] == own["bmm"] and "layout-b" in merged["mm"]  # nothing of either is lost
+    assert json.loads((cache / "ca" / "cab12.best_config").read_text()) == {"XBLOCK": 64}
+    assert count_decisions(cache) == {"gemm_layouts": 3, "kernel_configs": 1}
+
+
+def cuda_settings(tmp_path, **tune):
+    """Settings as on a GPU machine (device=cuda cannot be asked for without one)."""
+    settings = load_settings(device="cpu", artifacts=tmp_path)
+    tables = {**settings.tables, "tune": {**settings.tables["tune"], **tune}}
+    return dataclasses.replace(settings, device="cuda", tables=tables)
+
+
+def test_tuning_is_on_for_gpu_builds_when_enabled(tmp_path):
+    assert not load_settings(device="cpu", artifacts=tmp_path).tuned
+    assert cuda_settings(tmp_path).tuned
+    assert not cuda_settings(tmp_path, enabled=False).tuned
+    options = tuning_options(cuda_settings(tmp_path, inductor={"max_autotune_gemm": True}))
+    assert options["max_autotune_gemm"] is True
+
+
+def test_results_for_another_gpu_or_graph_are_refused(tmp_path):
+    settings = cuda_settings(tmp_path)
+    paths = ProfilePaths.of(settings)
+    platform = {"gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0"}
+    key = tuning_key(settings, "graph-1", platform)
+    with pytest.raises(CompileError, match="run `uv run doit tune`"):
+        read_tuning(paths, key)
+    paths.tuning.mkdir(parents=True)
+    paths.tuning_index.write_text(json.dumps({"key": key, "gemm_layouts": 1, "kernel_configs": 1}))
+    assert read_tuning(paths, key)["gemm_layouts"] == 1
+    for change in ({"gpu": "NVIDIA A100-SXM4-80GB"}, {"triton": "3.7.0"}):
+        with pytest.raises(CompileError, match=f"for another {next(iter(change))}"):
+            read_tuning(paths, tuning_key(settings, "graph-1", {**platform, **change}))
+    with pytest.raises(CompileError, match="for another program_sha256"):
+        read_tuning(paths, tuning_key(settings, "graph-2", platform))
+    with pytest.raises(CompileError, match="for another inductor"):
+        read_tuning(paths, tuning_key(cuda_settings(tmp_path, inductor={}), "graph-1", platform))
+
+
+def test_tune_says_it_is_off_on_the_cpu(tmp_path):
+    from sam3_aoti.tune import run
+
+    with pytest.raises(ConfigError, match=r"\[tune\] enabled"):
+        run(load_settings(device="cpu", artifacts=tmp_path))
+    proc = run_doit(copy_repo(tmp_path), "tune", "device=cpu")
+    assert "tuning is off (device=cpu)" in proc.stdout
+
+
+def test_the_tune_table_is_checked(tmp_path):
+    config = tmp_path / "pipeline.toml"
+    from sam3_aoti.config import DEFAULT_CONFIG
+
+    config.write_text(DEFAULT_CONFIG.read_text().replace("enabled = true", "enabled = 1"))
+    with pytest.raises(ConfigError, match=r"\[tune\] enabled must be true or false"):
+        load_settings(device="cpu", config=config)
