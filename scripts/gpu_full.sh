@@ -146,6 +146,8 @@ run_all() {
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
+    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
+        -k scaled_mm)
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
     [[ $parts == *" fast "* ]] && { fast_part & pids+=($!); }
