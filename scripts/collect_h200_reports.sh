@@ -12,24 +12,28 @@ mkdir -p "$dest"
 copy() {  # copy SOURCE NAME: when the run produced it
     [[ -f $staging/$1 ]] && cp "$staging/$1" "$dest/$2" || echo "not in this run: $1" >&2
 }
-for precision in bf16 fp32; do
-    variant=$precision/sam3-$precision-cuda
-    copy "$variant/verify/report.md" "verify-$precision.md"
-    copy "$variant/verify/report.json" "verify-$precision.json"
-    copy "$variant/bench/bench.md" "bench-$precision.md"
-    copy "$variant/bench/bench.json" "bench-$precision.json"
-    copy "$variant/bench/bench.png" "bench-$precision.png"
-    copy "$variant/parity/parity.md" "parity-$precision.md"
-    copy "$variant/parity/parity.json" "parity-$precision.json"
-    copy "$precision/toolchain/doctor.json" "doctor-$precision.json"
-    copy "$precision/toolchain/cuda.env" "cuda-$precision.env"
-    copy "$precision/toolkit.txt" "toolkit-$precision.txt"
-    copy "$precision/info.txt" "info-$precision.txt"
+for part in bf16 fp32 fast tuned fp8; do  # gpu_full.sh's parts that build a full variant (fast, tuned: bf16)
+    precision=$part
+    [[ $part == fast || $part == tuned ]] && precision=bf16
+    variant=$part/sam3-$precision-cuda
+    copy "$variant/verify/report.md" "verify-$part.md"
+    copy "$variant/verify/report.json" "verify-$part.json"
+    copy "$variant/bench/bench.md" "bench-$part.md"
+    copy "$variant/bench/bench.json" "bench-$part.json"
+    copy "$variant/bench/bench.png" "bench-$part.png"
+    copy "$variant/parity/parity.md" "parity-$part.md"
+    copy "$variant/parity/parity.json" "parity-$part.json"
+    [[ -f $staging/$variant/compiled/index.json ]] && python3 -c 'import json, sys
+index = json.load(open(sys.argv[1]))  # the compile facts, without the constants tables (400 kB)
+keep = ("compile_seconds", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256")
+print(json.dumps({k: index.get(k) for k in keep}, indent=2, sort_keys=True))' \
+        "$staging/$variant/compiled/index.json" > "$dest/compile-$part.json"
+    copy "$variant/tuning/index.json" "tuning-$part.json"
+    copy "$part/toolchain/doctor.json" "doctor-$part.json"
+    copy "$part/toolkit.txt" "toolkit-$part.txt"
+    copy "$part/info.txt" "info-$part.txt"
+    copy "logs/$part-tune.log" "tune-$part.log"
 done
-copy bf16fast/sam3-bf16-cuda/verify/report.md verify-bf16fast.md
-copy bf16fast/sam3-bf16-cuda/verify/report.json verify-bf16fast.json
-copy bf16fast/sam3-bf16-cuda/bench/bench.md bench-bf16fast.md
-copy bf16fast/sam3-bf16-cuda/bench/bench.json bench-bf16fast.json
 copy tiny/toolchain/doctor.json doctor-tiny.json
 copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt

@@ -117,3 +117,19 @@ def test_atomic_output_replaces_a_folder(tmp_path):
             (tmp / "index.md").write_text(text)
     assert (target / "index.md").read_text() == "new"
     shutil.rmtree(target)
+
+
+def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(built_repo):
+    """A constant AOTInductor made from the weights (max-autotune's CPU GEMM templates pack them: seen as
+    `constant357` on the tiny model) is in no exported program, so a new checkpoint could not be packaged."""
+    import json
+
+    from sam3_aoti.compile import check_constants_are_weights
+    from sam3_aoti.errors import CompileError
+
+    exported = built_repo / TINY / "export" / "programs.pt2"
+    constants = json.loads((built_repo / TINY / "compiled" / "index.json").read_text())["models"]["model"]["constants"]
+    check_constants_are_weights("model", constants, exported)  # the real build's constants: all weights
+    packed = {"name": "constant357", "fqn": "", "bytes": 64, "folded": False, "cuda": False}
+    with pytest.raises(CompileError, match="derived from the weights"):
+        check_constants_are_weights("model", [*constants, packed], exported)

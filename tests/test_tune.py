@@ -60,8 +60,8 @@ def cuda_settings(tmp_path, **tune):
 
 def test_tuning_is_on_for_gpu_builds_when_enabled(tmp_path):
     assert not load_settings(device="cpu", artifacts=tmp_path).tuned
-    assert cuda_settings(tmp_path).tuned
-    assert not cuda_settings(tmp_path, enabled=False).tuned
+    assert not cuda_settings(tmp_path).tuned  # off by default (pipeline.toml says why)
+    assert cuda_settings(tmp_path, enabled=True).tuned
     options = tuning_options(cuda_settings(tmp_path, inductor={"max_autotune_gemm": True}))
     assert options["max_autotune_gemm"] is True
 
@@ -98,6 +98,8 @@ def test_the_tune_table_is_checked(tmp_path):
     config = tmp_path / "pipeline.toml"
     from sam3_aoti.config import DEFAULT_CONFIG
 
-    config.write_text(DEFAULT_CONFIG.read_text().replace("enabled = true", "enabled = 1"))
+    text = DEFAULT_CONFIG.read_text()
+    assert text.count("\nenabled = false\n") == 1
+    config.write_text(text.replace("\nenabled = false\n", "\nenabled = 1\n"))
     with pytest.raises(ConfigError, match=r"\[tune\] enabled must be true or false"):
         load_settings(device="cpu", config=config)

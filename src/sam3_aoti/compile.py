@@ -99,6 +99,24 @@ def platform_info(device: str) -> dict:
     return info
 
 
+def check_constants_are_weights(name: str, constants: list[dict], exported: Path) -> None:
+    """Every constant the compiled code reads must be a tensor of the exported program: one that Inductor
+    derived from the weights (a GEMM template that packs them, as max-autotune's CPU templates do) would be
+    missing from a package built from new weights."""
+    import zipfile
+
+    from .weights_blob import tensor_entries
+
+    with zipfile.ZipFile(exported) as archive:
+        known = tensor_entries(archive, name)
+    derived = [c["fqn"] or c["name"] for c in constants if not c["folded"] and c["fqn"] not in known]
+    if derived:
+        raise CompileError(f"AOTInductor's code for {name} reads {len(derived)} tensors the exported program does "
+                           f"not hold ({', '.join(derived[:3])}...): they are derived from the weights, so a new "
+                           "checkpoint could not be packaged without recompiling; compile without the option that "
+                           "makes them ([compile] or [tune] inductor)")
+
+
 def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> dict:
     """Copy one model's compiled files (all but the blob) to `dest`, and check that the package stage's
     blob writer reproduces AOTInductor's blob byte for byte from the exported archive."""
@@ -111,6 +129,7 @@ def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> di
         raise CompileError(f"AOTInductor gave {name} {len(blobs)} weight blobs and {len(wrappers)} wrappers, "
                            "expected one of each: this torch version packages weights differently")
     constants = constants_table(wrappers[0].read_text())
+    check_constants_are_weights(name, constants, exported)
     dest.mkdir(parents=True)
     for p in paths:
         if p not in blobs:

@@ -111,7 +111,7 @@ def read_tuning(paths: ProfilePaths, key: dict) -> dict:
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
-    from .compile import aoti_compile, platform_info
+    from .compile import aoti_compile, keep_compiled, platform_info
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -127,12 +127,13 @@ def run(settings: Settings) -> None:
             log.info("tuning %s: a full compile that benchmarks every GEMM and kernel config (%s)", name, options)
             t0 = time.perf_counter()
             try:
-                aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
+                files = aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
             except Exception as e:
                 raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
                                    "without it)") from e
             seconds[name] = round(time.perf_counter() - t0, 1)
             log.info("tuned %s in %.1f s", name, seconds[name])
+            keep_compiled(name, files, paths.exported, Path(cache) / "packaging-check" / name)  # packageable?
         decisions = count_decisions(Path(cache))
         with atomic_output(paths.tuning) as tmp:
             files = harvest(Path(cache), tmp / "results")

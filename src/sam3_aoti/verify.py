@@ -120,8 +120,9 @@ def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], ba
             + ". In the pictures, left of each case: eager transformers; right: the AOTI package."
             + (" Reference: the bf16 model, so every row is the accuracy cost of the fp8 ViT linears."
                if settings.precision == "fp8" else ""))
+    tolerances = settings.stage("verify")["tolerances"][settings.precision]  # so a later change can re-gate it
     return Report(f"Verify: {settings.profile} ({settings.device}, {settings.precision})", [note], rows,
-                  figures=pictures(cases), data={"backends": backends})
+                  figures=pictures(cases), data={"backends": backends, "tolerances": tolerances})
 
 
 def run(settings: Settings) -> None:

@@ -13,7 +13,7 @@ from .paths import archive_entries
 ALIGN_BYTES = 64  # AOTInductor pads each constant to this in a blob unless every constant is on the GPU
 
 
-def _payloads(archive: zipfile.ZipFile, model: str) -> dict[str, str]:
+def tensor_entries(archive: zipfile.ZipFile, model: str) -> dict[str, str]:
     """Exported-program tensor name -> archive entry holding its storage's bytes (weights and constants)."""
     entries = archive_entries(archive)
     found = {}
@@ -33,7 +33,7 @@ def write_weights_blob(exported: Path, model: str, compiled: dict, out: Path) ->
     pad = not all(c["cuda"] for c in constants)
     size = 0
     with zipfile.ZipFile(exported) as archive, open(out, "wb") as blob:
-        entries = _payloads(archive, model)
+        entries = tensor_entries(archive, model)
         for c in constants:
             if c["fqn"] not in entries:
                 raise PackageError(f"compiled {model} needs tensor {c['fqn']!r}, which the exported program lacks: "
