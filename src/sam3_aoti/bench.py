@@ -335,6 +335,8 @@ def bench_report(settings: Settings, info: dict) -> Report:
     notes = [f"{info['date']}, weights {info['weights']}: median (p90) of {info['iters']} calls after {info['warmup']} "
              f"warm-up, same pixels and prompts for every column{gemm}. 'best' is the fastest column of the row.",
              f"Package {info['package_bytes'] / 1e9:.2f} GB, fallback beside it {info['fallback_bytes'] / 1e9:.2f} GB."]
+    if settings.precision == "fp8":
+        notes.append("An fp8 build: 'transformers eager' is the bf16 model (verify's reference), and FLOPs are its.")
     return Report(f"Bench: {settings.profile} on {info['gpu'] or 'cpu'} ({settings.precision})", notes, None, tables,
                   [("bench.png", "median ms per call")], data=info)
 
