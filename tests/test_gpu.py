@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import REPO, copy_repo, run_doit
+from conftest import REPO, copy_repo, executed, run_doit
 from sam3_aoti.cuda_toolkit import load_pins
 
 
@@ -26,6 +26,27 @@ def test_tiny_pipeline_on_cuda(tmp_path):
     assert package.backends == {"model": "aoti", "transforms": "aoti"}
     assert package.metadata["device"] == "cuda" and package.metadata["versions"]["gpu"]
     check_cuda_graphs(art / "package" / "sam3.pt2")
+
+
+@pytest.mark.gpu
+def test_a_tuned_tiny_build_on_cuda_compiles_from_its_tuning_results(tmp_path):
+    """`[tune] enabled = true`: doit runs tune before compile; compile reads every decision from the tuning
+    results (benchmarks nothing) and its code reads no tensor derived from the weights; verify passes; a new
+    seed leaves tune and compile up to date."""
+    repo = copy_repo(tmp_path)
+    config = repo / "pipeline.toml"
+    config.write_text(config.read_text().replace("\nenabled = false\n", "\nenabled = true\n"))
+    run_doit(repo, "device=cuda")
+    art = repo / "artifacts" / "tiny-fp32-cuda"
+    tuning = json.loads((art / "tuning" / "index.json").read_text())
+    assert tuning["gemm_layouts"] > 0 and tuning["key"]["gpu"] and tuning["tune_seconds"]["model"] > 0
+    compiled = json.loads((art / "compiled" / "index.json").read_text())
+    assert compiled["tuning"]["benchmarked_now"] == {"gemm_layouts": 0, "kernel_configs": 0}
+    assert compiled["inductor_options"]["max_autotune_gemm"] is True
+    assert json.loads((art / "verify" / "report.json").read_text())["passed"]
+    config.write_text(config.read_text().replace("\nseed = 0\n", "\nseed = 1\n"))
+    ran = executed(run_doit(repo, "device=cuda"))
+    assert {"weights", "export", "package", "verify"} <= ran and not {"tune", "compile"} & ran, ran
 
 
 @pytest.mark.gpu
