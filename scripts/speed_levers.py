@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sam3_aoti.bench import time_calls
+from sam3_aoti.fp8 import quantize_rows  # the package's own quantization
 from sam3_aoti.model import dense_mask
 
 TOKENS = 2 * 72 * 72
@@ -32,23 +33,17 @@ def timed(fn, iters=30, warmup=5) -> float:
     return statistics.median(time_calls(fn, (), "cuda", warmup, iters))
 
 
-def rowwise_fp8(x: torch.Tensor):
-    """x -> (fp8 e4m3 values, fp32 scale per row): amax / 448 per row."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
-    return (x / scale).to(torch.float8_e4m3fn), scale
-
-
 def fp8_levers() -> dict:
     rows = {}
     for name, (k, n) in VIT_LINEARS.items():
         x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
         bf16 = timed(lambda: F.linear(x, w))
-        xq, xs = rowwise_fp8(x)
-        wq, ws = rowwise_fp8(w)  # weights quantized once, offline
+        xq, xs = quantize_rows(x)
+        wq, ws = quantize_rows(w)  # weights quantized once, offline
         scaled = lambda a, sa: torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=ws.t(), out_dtype=torch.bfloat16)
         kernel = timed(lambda: scaled(xq, xs))
-        quantize_too = timed(lambda: scaled(*rowwise_fp8(x)))
+        quantize_too = timed(lambda: scaled(*quantize_rows(x)))
         ref = F.linear(x.float(), w.float())
         err = float((scaled(xq, xs).float() - ref).norm() / ref.norm())
         rows[name] = {"bf16_ms": round(bf16, 4), "fp8_kernel_ms": round(kernel, 4),

@@ -42,7 +42,7 @@ VARIANTS = [  # name, inductor options, fused q/k/v, fp8 linears
 
 
 def trunk_config(tiny: bool):
-    from sam3_aoti.model import TINY_CONFIG, full_config, tiny_config
+    from sam3_aoti.model import full_config, tiny_config
 
     vit = (tiny_config() if tiny else full_config()).vision_config.backbone_config
     if not tiny:

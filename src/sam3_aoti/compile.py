@@ -117,29 +117,34 @@ def check_constants_are_weights(name: str, constants: list[dict], exported: Path
                            "makes them ([compile] or [tune] inductor)")
 
 
-def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> dict:
-    """Copy one model's compiled files (all but the blob) to `dest`, and check that the package stage's
-    blob writer reproduces AOTInductor's blob byte for byte from the exported archive."""
-    from .weights_blob import write_weights_blob
-
+def compiled_outputs(name: str, files: list[str]) -> tuple[list[Path], Path, list[dict]]:
+    """One model's AOTInductor files: all of them, its weights blob, and the constants its wrapper reads."""
     paths = [Path(f) for f in files if isinstance(f, str) and f]
     blobs = [p for p in paths if p.name.endswith(BLOB_SUFFIX)]
     wrappers = [p for p in paths if p.name.endswith(".wrapper.cpp")]
     if len(blobs) != 1 or len(wrappers) != 1:
         raise CompileError(f"AOTInductor gave {name} {len(blobs)} weight blobs and {len(wrappers)} wrappers, "
                            "expected one of each: this torch version packages weights differently")
-    constants = constants_table(wrappers[0].read_text())
+    return paths, blobs[0], constants_table(wrappers[0].read_text())
+
+
+def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> dict:
+    """Copy one model's compiled files (all but the blob) to `dest`, and check that the package stage's
+    blob writer reproduces AOTInductor's blob byte for byte from the exported archive."""
+    from .weights_blob import write_weights_blob
+
+    paths, blob, constants = compiled_outputs(name, files)
     check_constants_are_weights(name, constants, exported)
     dest.mkdir(parents=True)
     for p in paths:
-        if p not in blobs:
+        if p != blob:
             shutil.copy2(p, dest / p.name)
-    entry = {"files": sorted(p.name for p in paths if p not in blobs), "blob": blobs[0].name,
-             "constants": constants, "blob_bytes": blobs[0].stat().st_size}
+    entry = {"files": sorted(p.name for p in paths if p != blob), "blob": blob.name,
+             "constants": constants, "blob_bytes": blob.stat().st_size}
     rebuilt = dest.parent / f".{name}.check.blob"
     try:
         write_weights_blob(exported, name, entry, rebuilt)
-        if sha256(rebuilt) != sha256(blobs[0]):
+        if sha256(rebuilt) != sha256(blob):
             raise CompileError(f"the weights blob rebuilt for {name} differs from AOTInductor's: re-packaging new "
                                "weights would be wrong with this torch version")
     finally:
@@ -155,7 +160,8 @@ def run(settings: Settings) -> None:
     paths = ProfilePaths.of(settings)
     weights = paths.exported.stat().st_size  # about the weights' size: the exported programs are mostly that
     # AOTInductor writes its blob and code in its cache; `keep_compiled` rebuilds the blob here to check it.
-    check_free_space({Path(cache_dir()): int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
+    cache = Path(cache_dir())
+    check_free_space({cache: int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
     inductor = dict(settings.stage("compile").get("inductor", {}))
     sdpa_backends = settings.stage("compile")["sdpa_backends"] if settings.device == "cuda" else None
     digest = json.loads(paths.program_digest.read_text())
@@ -166,8 +172,8 @@ def run(settings: Settings) -> None:
 
         inductor = tuning_options(settings)
         tuned = read_tuning(paths, tuning_key(settings, digest["sha256"], platform))
-        seeded = seed(paths.tuning / "results", Path(cache_dir()))
-        before = count_decisions(Path(cache_dir()))
+        seeded = seed(paths.tuning / "results", cache)
+        before = count_decisions(cache)
         log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     programs = load_pt2(str(paths.exported)).exported_programs
@@ -191,7 +197,7 @@ def run(settings: Settings) -> None:
             log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,
                      human_size(code), human_size(index["models"][name]["blob_bytes"]))
         if settings.tuned:
-            after = count_decisions(Path(cache_dir()))
+            after = count_decisions(cache)
             tuning = {"tuning_index": str(paths.tuning_index.relative_to(paths.root)),
                       "benchmarked_now": {k: after[k] - before[k] for k in after}}
             index["tuning"] = tuning

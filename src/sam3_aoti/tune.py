@@ -111,7 +111,7 @@ def read_tuning(paths: ProfilePaths, key: dict) -> dict:
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
-    from .compile import aoti_compile, keep_compiled, platform_info
+    from .compile import aoti_compile, check_constants_are_weights, compiled_outputs, platform_info
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -133,7 +133,8 @@ def run(settings: Settings) -> None:
                                    "without it)") from e
             seconds[name] = round(time.perf_counter() - t0, 1)
             log.info("tuned %s in %.1f s", name, seconds[name])
-            keep_compiled(name, files, paths.exported, Path(cache) / "packaging-check" / name)  # packageable?
+            _, _, constants = compiled_outputs(name, files)  # packageable with new weights?
+            check_constants_are_weights(name, constants, paths.exported)
         decisions = count_decisions(Path(cache))
         with atomic_output(paths.tuning) as tmp:
             files = harvest(Path(cache), tmp / "results")
