@@ -12,9 +12,16 @@ mkdir -p "$dest"
 copy() {  # copy SOURCE NAME: when the run produced it
     [[ -f $staging/$1 ]] && cp "$staging/$1" "$dest/$2" || echo "not in this run: $1" >&2
 }
-for part in bf16 fp32 fast tuned fp8; do  # gpu_full.sh's parts that build a full variant (fast, tuned: bf16)
+compile_facts() {  # compile_facts INDEX NAME: a compile index without its constants tables (400 kB)
+    [[ -f $staging/$1 ]] || return 0
+    python3 -c 'import json, sys
+index = json.load(open(sys.argv[1]))
+keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256")
+print(json.dumps({k: index.get(k) for k in keep}, indent=2, sort_keys=True))' "$staging/$1" > "$dest/$2"
+}
+for part in bf16 fp32 fast tuned fp8 o0; do  # gpu_full.sh's parts that build a full variant (fast, tuned, o0: bf16)
     precision=$part
-    [[ $part == fast || $part == tuned ]] && precision=bf16
+    [[ $part == fast || $part == tuned || $part == o0 ]] && precision=bf16
     variant=$part/sam3-$precision-cuda
     copy "$variant/verify/report.md" "verify-$part.md"
     copy "$variant/verify/report.json" "verify-$part.json"
@@ -23,11 +30,7 @@ for part in bf16 fp32 fast tuned fp8; do  # gpu_full.sh's parts that build a ful
     copy "$variant/bench/bench.png" "bench-$part.png"
     copy "$variant/parity/parity.md" "parity-$part.md"
     copy "$variant/parity/parity.json" "parity-$part.json"
-    [[ -f $staging/$variant/compiled/index.json ]] && python3 -c 'import json, sys
-index = json.load(open(sys.argv[1]))  # the compile facts, without the constants tables (400 kB)
-keep = ("compile_seconds", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256")
-print(json.dumps({k: index.get(k) for k in keep}, indent=2, sort_keys=True))' \
-        "$staging/$variant/compiled/index.json" > "$dest/compile-$part.json"
+    compile_facts "$variant/compiled/index.json" "compile-$part.json"
     copy "$variant/tuning/index.json" "tuning-$part.json"
     copy "$part/toolchain/doctor.json" "doctor-$part.json"
     copy "$part/toolkit.txt" "toolkit-$part.txt"
@@ -43,4 +46,14 @@ copy logs/tiny-gpu-tests.log tiny-gpu-tests.log
 copy logs/sdpa-backends.json sdpa-backends.json
 copy logs/sdpa-backends.log sdpa-backends.txt
 copy nvidia-smi.txt nvidia-smi.txt
+compile_facts logs/compiled-cold.json compile-cold.json
+compile_facts logs/compiled-warm.json compile-warm.json
+copy compiletime/toolkit.txt toolkit-compiletime.txt
+if [[ -d $staging/logs/tinytuned ]]; then
+    rm -rf "$dest/tinytuned" && cp -r "$staging/logs/tinytuned" "$dest/tinytuned"
+    find "$dest/tinytuned" -path '*/compiled/index.json' -exec sh -c 'python3 -c "import json, sys
+index = json.load(open(sys.argv[1])); index[\"models\"] = \"(left out)\"
+json.dump(index, open(sys.argv[1], \"w\"), indent=2, sort_keys=True)" "$1"' _ {} \;
+fi
+copy logs/tinytuned-test.log tinytuned-test.log
 ls -la "$dest"

@@ -12,6 +12,14 @@
 #          the bench of every column
 #   fp8:   precision=fp8 (the ViT's linears as fp8 GEMMs), box_path_attention = "bf16", untuned: verify against
 #          the bf16 model, then bench of the AOTI columns
+#   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
+#          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
+#          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
+#   tinytuned: tests/test_gpu.py -k tuned (a tuned tiny chain: tune, then compile from its results); its tuning
+#          and compile indices and stage logs to tinytuned/
+#   o0:    the bf16 build with the wrapper's C++ at -O0 ([compile] inductor aot_inductor.compile_wrapper_opt_level,
+#          AOTInductor's default O1): compile time and phases, then bench of the AOTI columns at 1 x 1 and 2 x 3
+#          (the plain runner is the one whose launches the wrapper's code makes), then verify
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -140,9 +148,39 @@ tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (p
         && cmake --build $WORK/cpp-build -j8 && $WORK/cpp-build/sam3_consumer $package"
 }
 
+compiletime_part() {
+    local variant=$WORK/compiletime/artifacts/sam3-bf16-cuda
+    cd "$WORK/compiletime" && configure enabled false
+    toolkit_for compiletime $SAM3 precision=bf16
+    build compiletime-export weights export $SAM3 precision=bf16 || return 1
+    build compiletime-cold compile $SAM3 precision=bf16 && cp "$variant/compiled/index.json" "$RESULTS/compiled-cold.json"
+    build compiletime-forget forget compile $SAM3 precision=bf16
+    build compiletime-warm compile $SAM3 precision=bf16 && cp "$variant/compiled/index.json" "$RESULTS/compiled-warm.json"
+}
+
+o0_part() {
+    cd "$WORK/o0" && configure enabled false "${AOTI_ONLY[@]}"
+    sed -i '/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = [[1, 1], [2, 3]]|' pipeline.toml
+    sed -i '0,/^inductor = {}$/s//inductor = { "aot_inductor.compile_wrapper_opt_level" = "O0" }/' pipeline.toml
+    toolkit_for o0 $SAM3 precision=bf16
+    build o0-build weights export compile package $SAM3 precision=bf16 || return 1
+    build o0-bench bench $SAM3 precision=bf16
+    build o0-verify verify $SAM3 precision=bf16
+}
+
+tinytuned_part() {
+    local tmp=$WORK/tinytuned-tmp toolkit=()
+    [[ ${TOOLKIT:-pinned} == machine ]] && toolkit=(SAM3_AOTI_TEST_TOOLKIT=machine)
+    cd "$WORK/tinytuned" && rm -rf "$tmp"
+    step tinytuned-test limited 900 env "${toolkit[@]}" scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k tuned --basetemp="$tmp"
+    mkdir -p "$RESULTS/tinytuned"
+    (cd "$tmp" && find . \( -path '*/logs/*' -o -path '*/tuning/index.json' -o -path '*/compiled/index.json' \
+        -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
+}
+
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 fast tuned fp8 tiny; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 fast tuned fp8 tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
@@ -154,6 +192,9 @@ run_all() {
     [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
     [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
+    [[ $parts == *" compiletime "* ]] && { compiletime_part & pids+=($!); }
+    [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
+    [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && bf16_after
     [[ $parts == *" fp32 "* ]] && fp32_after
@@ -213,5 +254,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [fast] [tuned] [fp8] [tiny] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [fast] [tuned] [fp8] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -2,11 +2,15 @@
 
 import importlib.util
 import json
+import os
 
 import pytest
 
 from conftest import REPO, copy_repo, executed, run_doit
 from sam3_aoti.cuda_toolkit import load_pins
+
+# `SAM3_AOTI_TEST_TOOLKIT=machine` builds the tuned chain with the machine's toolkit (a GPU box without PyPI)
+TOOLKIT = [f"toolkit={os.environ['SAM3_AOTI_TEST_TOOLKIT']}"] if os.environ.get("SAM3_AOTI_TEST_TOOLKIT") else []
 
 
 @pytest.mark.gpu
@@ -36,16 +40,16 @@ def test_a_tuned_tiny_build_on_cuda_compiles_from_its_tuning_results(tmp_path):
     repo = copy_repo(tmp_path)
     config = repo / "pipeline.toml"
     config.write_text(config.read_text().replace("\nenabled = false\n", "\nenabled = true\n"))
-    run_doit(repo, "device=cuda")
+    run_doit(repo, "device=cuda", *TOOLKIT)
     art = repo / "artifacts" / "tiny-fp32-cuda"
     tuning = json.loads((art / "tuning" / "index.json").read_text())
     assert tuning["gemm_layouts"] > 0 and tuning["key"]["gpu"] and tuning["tune_seconds"]["model"] > 0
     compiled = json.loads((art / "compiled" / "index.json").read_text())
-    assert compiled["tuning"]["benchmarked_now"] == {"gemm_layouts": 0, "kernel_configs": 0}
+    assert set(compiled["tuning"]["benchmarked_now"].values()) == {0}, compiled["tuning"]
     assert compiled["inductor_options"]["max_autotune_gemm"] is True
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     config.write_text(config.read_text().replace("\nseed = 0\n", "\nseed = 1\n"))
-    ran = executed(run_doit(repo, "device=cuda"))
+    ran = executed(run_doit(repo, "device=cuda", *TOOLKIT))
     assert {"weights", "export", "package", "verify"} <= ran and not {"tune", "compile"} & ran, ran
 
 

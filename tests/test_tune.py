@@ -26,13 +26,16 @@ def fake_inductor_cache(root, timings: dict, configs: dict):
     return root
 
 
-TIMINGS = {"mm": {"layout-a": {"highest": {"aten": 0.1, "triton_1": 0.08}}, "layout-b": {"highest": {"aten": 0.2}}}}
+# Inductor's PersistentCache file: GEMM timings {op: {layout: {precision: {choice: ms}}}} and, in the same table,
+# pad-mm's decisions and timings, one value per key (the real file mixes both)
+TIMINGS = {"mm": {"layout-a": {"highest": {"aten": 0.1, "triton_1": 0.08}}, "layout-b": {"highest": {"aten": 0.2}}},
+           "pad-mm-key-1": True, "pad-mm-key-2": 0.031}
 
 
 def test_only_the_tuning_decisions_are_kept(tmp_path):
     cache = fake_inductor_cache(tmp_path / "cache", TIMINGS, {"cab12": {"XBLOCK": 64}, "cdf34": {"XBLOCK": 128}})
     assert [str(p) for p in tuned_files(cache)] == ["ca/cab12.best_config", "cache/systemhash", "cd/cdf34.best_config"]
-    assert count_decisions(cache) == {"gemm_layouts": 2, "kernel_configs": 2}
+    assert count_decisions(cache) == {"gemm_layouts": 2, "padding_decisions": 2, "kernel_configs": 2}
     assert harvest(cache, tmp_path / "results") == 3
     assert not list((tmp_path / "results").rglob("*.py")) and not (tmp_path / "results" / "triton").exists()
 
@@ -48,7 +51,8 @@ def test_seeding_merges_gemm_timings_and_copies_kernel_configs(tmp_path):
     assert merged["mm"]["layout-a"]["highest"] == {"aten": 0.1, "triton_1": 0.08}  # the tuned entry wins
     assert merged["bmm"] == own["bmm"] and "layout-b" in merged["mm"]  # nothing of either is lost
     assert json.loads((cache / "ca" / "cab12.best_config").read_text()) == {"XBLOCK": 64}
-    assert count_decisions(cache) == {"gemm_layouts": 3, "kernel_configs": 1}
+    assert merged["pad-mm-key-1"] is True and merged["pad-mm-key-2"] == 0.031
+    assert count_decisions(cache) == {"gemm_layouts": 3, "padding_decisions": 2, "kernel_configs": 1}
 
 
 def cuda_settings(tmp_path, **tune):
@@ -103,3 +107,47 @@ def test_the_tune_table_is_checked(tmp_path):
     config.write_text(text.replace("\nenabled = false\n", "\nenabled = 1\n"))
     with pytest.raises(ConfigError, match=r"\[tune\] enabled must be true or false"):
         load_settings(device="cpu", config=config)
+
+
+AUTOTUNED_COMPILE = """
+import sys, torch
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 128)
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x))
+torch.manual_seed(0)
+x = torch.randn(32, 64)
+program = torch.export.export(Layer(), (x,))
+torch._inductor.aot_compile(program.module(), (x,), options={
+    "aot_inductor.package": True, "max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,CPP"})
+"""
+
+
+@pytest.mark.slow
+def test_a_real_autotuned_compile_is_harvested_and_its_results_spare_the_next_compile_any_benchmark(tmp_path):
+    """Inductor's own files, not a fixture: max-autotune (CPU GEMM templates against ATen) in an empty cache,
+    harvested; a compile in another empty cache seeded with the results benchmarks nothing new."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "compile.py"
+    script.write_text(AUTOTUNED_COMPILE)
+
+    def compile_in(cache):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stderr
+
+    tuning_log = compile_in(tmp_path / "tune-cache")
+    assert "AUTOTUNE addmm" in tuning_log
+    tuned = count_decisions(tmp_path / "tune-cache")
+    assert tuned["gemm_layouts"] == 1, tuned
+    assert harvest(tmp_path / "tune-cache", tmp_path / "results") >= 1
+    seed(tmp_path / "results", tmp_path / "compile-cache")
+    assert count_decisions(tmp_path / "compile-cache") == tuned
+    compile_log = compile_in(tmp_path / "compile-cache")
+    assert "AUTOTUNE" not in compile_log and count_decisions(tmp_path / "compile-cache") == tuned

@@ -50,10 +50,14 @@ def sdpa_priority(names: list[str]):
 
 
 def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None) -> list[str]:
-    """AOTInductor's files for one exported program (the weights blob among them)."""
+    """AOTInductor's files for one exported program (the weights blob among them). Inductor's phase timings
+    start from nothing here, so `compile_phases` afterwards tells where this compile's time went."""
     import contextlib
 
     import torch
+    from torch._dynamo.utils import compilation_time_metrics
+
+    compilation_time_metrics.clear()
 
     try:
         gm = program.module(check_guards=False)
@@ -62,6 +66,17 @@ def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None)
     args, kwargs = program.example_inputs
     with sdpa_priority(sdpa_backends) if sdpa_backends else contextlib.nullcontext():
         return torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
+
+
+def compile_phases(least_seconds: float = 1.0) -> dict[str, float]:
+    """Seconds of each Inductor phase of the last `aoti_compile` (its `dynamo_timed` regions, nested: lowering
+    in `GraphLowering.run`, Triton kernels awaited in `async_compile.wait`, the C++ build in
+    `AotCodeCompiler.compile`), longest first; passes and phases under `least_seconds` left out."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    phases = {k: round(sum(v), 1) for k, v in compilation_time_metrics.items()
+              if not k.startswith("pass.") and sum(v) >= least_seconds}
+    return dict(sorted(phases.items(), key=lambda kv: -kv[1]))
 
 
 _CONSTANT_FIELD = re.compile(r"constants_info_\[(\d+)\]\.(name|original_fqn|data_size|from_folded|device_type) = (.+);")
@@ -178,7 +193,7 @@ def run(settings: Settings) -> None:
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     programs = load_pt2(str(paths.exported)).exported_programs
     index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
-             "platform": platform, "models": {}, "compile_seconds": {},
+             "platform": platform, "models": {}, "compile_seconds": {}, "compile_phases": {},
              "toolchain": {**{k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(env_file(settings))}}
     with atomic_output(paths.compiled) as tmp:
@@ -191,7 +206,9 @@ def run(settings: Settings) -> None:
                 raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
                                    "(run `uv run doit toolchain` to check the compiler setup)") from e
             index["compile_seconds"][name] = round(time.perf_counter() - t0, 1)
-            log.info("compiled %s in %.1f s", name, index["compile_seconds"][name])
+            index["compile_phases"][name] = phases = compile_phases()
+            log.info("compiled %s in %.1f s (%s)", name, index["compile_seconds"][name],
+                     ", ".join(f"{k} {v} s" for k, v in list(phases.items())[:6]))
             index["models"][name] = keep_compiled(name, files, paths.exported, tmp / name)
             code = sum((tmp / name / f).stat().st_size for f in index["models"][name]["files"])
             log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,

@@ -50,15 +50,19 @@ def tuned_files(cache: Path) -> list[Path]:
 
 
 def count_decisions(cache: Path) -> dict:
-    """GEMM (op, input layout) entries timed and kernels with a tuned launch config, in an Inductor cache."""
-    gemms = 0
+    """What an Inductor cache has decided by benchmarks: GEMM (op, input layout) entries timed (`{op: {layout:
+    {precision: {choice: ms}}}}`), pad-mm decisions and timings (one value per key, in the same file), and
+    kernels with a tuned launch config."""
+    gemms = padding = 0
     for path in (cache / GEMM_CHOICES).glob("*"):
         try:
             table = json.loads(path.read_text()).get("cache", {})
         except (OSError, ValueError):
             continue
-        gemms += sum(len(layouts) for layouts in table.values())
-    return {"gemm_layouts": gemms, "kernel_configs": sum(1 for _ in cache.rglob(f"*{BEST_CONFIG}"))}
+        gemms += sum(len(layouts) for layouts in table.values() if isinstance(layouts, dict))
+        padding += sum(1 for value in table.values() if not isinstance(value, dict))
+    return {"gemm_layouts": gemms, "padding_decisions": padding,
+            "kernel_configs": sum(1 for _ in cache.rglob(f"*{BEST_CONFIG}"))}
 
 
 def harvest(cache: Path, dest: Path) -> int:
@@ -111,7 +115,7 @@ def read_tuning(paths: ProfilePaths, key: dict) -> dict:
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
-    from .compile import aoti_compile, check_constants_are_weights, compiled_outputs, platform_info
+    from .compile import aoti_compile, check_constants_are_weights, compile_phases, compiled_outputs, platform_info
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -120,7 +124,7 @@ def run(settings: Settings) -> None:
     key = tuning_key(settings, digest["sha256"], platform_info(settings.device))
     options = tuning_options(settings)
     programs = load_pt2(str(paths.exported)).exported_programs
-    seconds = {}
+    seconds, phases = {}, {}
     with tempfile.TemporaryDirectory(prefix=".tune-cache.", dir=paths.root) as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # empty: every decision is benchmarked here, now
         for name in ("model", "transforms"):
@@ -132,13 +136,14 @@ def run(settings: Settings) -> None:
                 raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
                                    "without it)") from e
             seconds[name] = round(time.perf_counter() - t0, 1)
+            phases[name] = compile_phases()
             log.info("tuned %s in %.1f s", name, seconds[name])
             _, _, constants = compiled_outputs(name, files)  # packageable with new weights?
             check_constants_are_weights(name, constants, paths.exported)
         decisions = count_decisions(Path(cache))
         with atomic_output(paths.tuning) as tmp:
             files = harvest(Path(cache), tmp / "results")
-            index = {"key": key, "tune_seconds": seconds, "files": files, **decisions,
+            index = {"key": key, "tune_seconds": seconds, "tune_phases": phases, "files": files, **decisions,
                      "date": time.strftime("%Y-%m-%d")}
             (tmp / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     log.info("kept %d GEMM layouts and %d kernel configs (%d files) in %s", decisions["gemm_layouts"],
