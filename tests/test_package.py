@@ -136,14 +136,13 @@ def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(buil
 
 
 def test_the_compile_index_says_where_each_compile_spent_its_time(built_repo):
-    """compile_phases: Inductor's own phase timings of each program's compile, longest first; the C++ build
-    of the wrapper is always one of them, and no phase outlasts the whole compile."""
+    """compile_phases: Inductor's own phase timings of each program's compile; the C++ build of the wrapper
+    is always one of them, and no phase outlasts the whole compile."""
     import json
 
     index = json.loads((built_repo / TINY / "compiled" / "index.json").read_text())
     for name in ("model", "transforms"):
         phases = index["compile_phases"][name]
         assert phases["AotCodeCompiler.compile"] > 0, phases
-        assert list(phases.values()) == sorted(phases.values(), reverse=True)
         assert max(phases.values()) <= index["compile_seconds"][name]
         assert not any(k.startswith("pass.") for k in phases)

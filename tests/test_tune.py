@@ -10,7 +10,8 @@ from conftest import copy_repo, run_doit
 from sam3_aoti.config import load_settings
 from sam3_aoti.errors import CompileError, ConfigError
 from sam3_aoti.paths import ProfilePaths
-from sam3_aoti.tune import count_decisions, harvest, read_tuning, seed, tuned_files, tuning_key, tuning_options
+from sam3_aoti.tune import (count_decisions, harvest, keep_kernels, read_tuning, seed, tuned_files, tuning_key,
+                            tuning_options)
 
 
 def fake_inductor_cache(root, timings: dict, configs: dict):
@@ -38,6 +39,20 @@ def test_only_the_tuning_decisions_are_kept(tmp_path):
     assert count_decisions(cache) == {"gemm_layouts": 2, "padding_decisions": 2, "kernel_configs": 2}
     assert harvest(cache, tmp_path / "results") == 3
     assert not list((tmp_path / "results").rglob("*.py")) and not (tmp_path / "results" / "triton").exists()
+
+
+def test_the_tunings_compiled_kernels_join_the_compile_cache_without_replacing_any(tmp_path):
+    cache = fake_inductor_cache(tmp_path / "cache", TIMINGS, {"cab12": {"XBLOCK": 64}})
+    (cache / "triton" / "0" / "def").mkdir()
+    (cache / "triton" / "0" / "def" / "kernel.cubin").write_bytes(b"new")
+    dest = tmp_path / "inductor-cache"
+    (dest / "triton" / "0" / "def").mkdir(parents=True)
+    (dest / "triton" / "0" / "def" / "kernel.cubin").write_bytes(b"mine")
+    assert keep_kernels(cache, dest) == 1
+    assert (dest / "triton" / "0" / "abc" / "kernel.cubin").read_bytes() == b"\0"
+    assert (dest / "triton" / "0" / "def" / "kernel.cubin").read_bytes() == b"mine"
+    assert not (dest / "cache").exists() and not list(dest.rglob("*.best_config"))  # decisions go by seed only
+    assert keep_kernels(tmp_path / "no-such-cache", dest) == 0
 
 
 def test_seeding_merges_gemm_timings_and_copies_kernel_configs(tmp_path):

@@ -71,7 +71,8 @@ def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None)
 def compile_phases(least_seconds: float = 1.0) -> dict[str, float]:
     """Seconds of each Inductor phase of the last `aoti_compile` (its `dynamo_timed` regions, nested: lowering
     in `GraphLowering.run`, Triton kernels awaited in `async_compile.wait`, the C++ build in
-    `AotCodeCompiler.compile`), longest first; passes and phases under `least_seconds` left out."""
+    `AotCodeCompiler.compile`), longest first (the log shows the first few); passes and phases under
+    `least_seconds` left out."""
     from torch._dynamo.utils import compilation_time_metrics
 
     phases = {k: round(sum(v), 1) for k, v in compilation_time_metrics.items()

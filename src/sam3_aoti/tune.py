@@ -6,7 +6,8 @@ benchmarks. This stage compiles both exported programs once with `[tune] inducto
 cache and keeps only what the benchmarks decided (the GEMM choice timings, Inductor's `cache/<system>`
 file, and each kernel's `.best_config`) in `tuning/results/`, with what they hold for in
 `tuning/index.json` (the key). `compile` seeds its cache with them and compiles with the same options: it
-benchmarks nothing, and says so in its index (`benchmarked_now`) when it had to.
+benchmarks nothing, and says so in its index (`benchmarked_now`) when it had to. Triton's compiled
+kernels go to the variant's own Inductor cache, which `compile` uses, so it does not compile them again.
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ def harvest(cache: Path, dest: Path) -> int:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(cache / rel, dest / rel)
     return len(files)
+
+
+def keep_kernels(cache: Path, dest: Path) -> int:
+    """Triton's compiled kernels from the tuning's cache into `dest`, the Inductor cache `compile` uses: the
+    tuned compile generates the same kernels, so it loads them instead of compiling them again. Triton names
+    each kernel's folder by a hash of its source, options, Triton version and GPU, so merging is safe (a
+    kernel already there is the same kernel). Returns how many files were added."""
+    added = 0
+    for src in (cache / "triton").rglob("*"):
+        dst = dest / src.relative_to(cache)
+        if src.is_file() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            added += 1
+    return added
 
 
 def seed(results: Path, cache: Path) -> int:
@@ -141,6 +157,8 @@ def run(settings: Settings) -> None:
             _, _, constants = compiled_outputs(name, files)  # packageable with new weights?
             check_constants_are_weights(name, constants, paths.exported)
         decisions = count_decisions(Path(cache))
+        kernels = keep_kernels(Path(cache), paths.inductor_cache)
+        log.info("%d files of Triton's compiled kernels into %s, for compile to load", kernels, paths.inductor_cache)
         with atomic_output(paths.tuning) as tmp:
             files = harvest(Path(cache), tmp / "results")
             index = {"key": key, "tune_seconds": seconds, "tune_phases": phases, "files": files, **decisions,
