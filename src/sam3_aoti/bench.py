@@ -25,6 +25,7 @@ from .artifacts import record, write_bytes_atomic
 from .config import Settings
 from .paths import ProfilePaths
 from .report import Report, Table, write_report
+from .validate import BENCH_COLUMNS as COLUMNS
 
 log = logging.getLogger("sam3_aoti")
 
@@ -32,8 +33,6 @@ log = logging.getLogger("sam3_aoti")
 PHRASES = ("a person", "a car", "a tree", "a building", "a swimming pool", "a road", "a boat", "a roof",
            "a dog", "a bicycle", "a truck", "a field", "a river", "a bridge", "a solar panel", "a parking lot")
 PROFILE_SHAPE = (2, 3)  # the call whose kernels are broken down
-COLUMNS = {"meta": "Meta sam3 eager (bf16 autocast)", "transformers": "transformers eager",  # [bench] columns
-           "exported": "exported program", "aoti": "AOTI", "aoti_graphs": "AOTI + CUDA graphs"}
 KERNEL_CATEGORIES = (  # first match wins, on the lower-cased kernel name
     ("attention (SDPA)", ("flash", "fmha", "attention", "cudnn_generated", "sdpa")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "wgmma", "splitk")),

@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .artifacts import atomic_output, check_free_space, human_size, record, sha256
 from .config import Settings
@@ -49,34 +50,36 @@ def sdpa_priority(names: list[str]):
     return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names], set_priority=True)
 
 
-def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None) -> list[str]:
-    """AOTInductor's files for one exported program (the weights blob among them). Inductor's phase timings
-    start from nothing here, so `compile_phases` afterwards tells where this compile's time went."""
+class Compiled(NamedTuple):
+    files: list[str]  # AOTInductor's files (the weights blob among them)
+    seconds: float
+    phases: dict[str, float]  # Inductor's own phase timers (`_phases`)
+
+
+def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None) -> Compiled:
+    """AOTInductor's files for one exported program, with how long it took and where the time went."""
     import contextlib
 
     import torch
     from torch._dynamo.utils import compilation_time_metrics
 
-    compilation_time_metrics.clear()
-
+    compilation_time_metrics.clear()  # the phases of this compile only
+    t0 = time.perf_counter()
     try:
         gm = program.module(check_guards=False)
     except TypeError:  # torch 2.10 has no check_guards
         gm = program.module()
     args, kwargs = program.example_inputs
     with sdpa_priority(sdpa_backends) if sdpa_backends else contextlib.nullcontext():
-        return torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
+        files = torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
+    return Compiled(files, round(time.perf_counter() - t0, 1), _phases(compilation_time_metrics))
 
 
-def compile_phases(least_seconds: float = 1.0) -> dict[str, float]:
-    """Seconds of each Inductor phase of the last `aoti_compile` (its `dynamo_timed` regions, nested: lowering
-    in `GraphLowering.run`, Triton kernels awaited in `async_compile.wait`, the C++ build in
-    `AotCodeCompiler.compile`), longest first (the log shows the first few); passes and phases under
-    `least_seconds` left out."""
-    from torch._dynamo.utils import compilation_time_metrics
-
-    phases = {k: round(sum(v), 1) for k, v in compilation_time_metrics.items()
-              if not k.startswith("pass.") and sum(v) >= least_seconds}
+def _phases(metrics: dict, least_seconds: float = 1.0) -> dict[str, float]:
+    """Seconds of each of Inductor's `dynamo_timed` regions (nested: lowering in `GraphLowering.run`, Triton
+    kernels awaited in `async_compile.wait`, the C++ build in `AotCodeCompiler.compile`), longest first;
+    passes and phases under `least_seconds` left out."""
+    phases = {k: round(sum(v), 1) for k, v in metrics.items() if not k.startswith("pass.") and sum(v) >= least_seconds}
     return dict(sorted(phases.items(), key=lambda kv: -kv[1]))
 
 
@@ -200,17 +203,15 @@ def run(settings: Settings) -> None:
     with atomic_output(paths.compiled) as tmp:
         for name in ("model", "transforms"):
             log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)
-            t0 = time.perf_counter()
             try:
-                files = aoti_compile(programs[name], inductor, sdpa_backends)
+                compiled = aoti_compile(programs[name], inductor, sdpa_backends)
             except Exception as e:
                 raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
                                    "(run `uv run doit toolchain` to check the compiler setup)") from e
-            index["compile_seconds"][name] = round(time.perf_counter() - t0, 1)
-            index["compile_phases"][name] = phases = compile_phases()
-            log.info("compiled %s in %.1f s (%s)", name, index["compile_seconds"][name],
-                     ", ".join(f"{k} {v} s" for k, v in list(phases.items())[:6]))
-            index["models"][name] = keep_compiled(name, files, paths.exported, tmp / name)
+            index["compile_seconds"][name], index["compile_phases"][name] = compiled.seconds, compiled.phases
+            log.info("compiled %s in %.1f s (%s)", name, compiled.seconds,
+                     ", ".join(f"{k} {v} s" for k, v in list(compiled.phases.items())[:6]))
+            index["models"][name] = keep_compiled(name, compiled.files, paths.exported, tmp / name)
             code = sum((tmp / name / f).stat().st_size for f in index["models"][name]["files"])
             log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,
                      human_size(code), human_size(index["models"][name]["blob_bytes"]))

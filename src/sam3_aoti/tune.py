@@ -131,7 +131,7 @@ def read_tuning(paths: ProfilePaths, key: dict) -> dict:
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
-    from .compile import aoti_compile, check_constants_are_weights, compile_phases, compiled_outputs, platform_info
+    from .compile import aoti_compile, check_constants_are_weights, compiled_outputs, platform_info
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -145,16 +145,14 @@ def run(settings: Settings) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # empty: every decision is benchmarked here, now
         for name in ("model", "transforms"):
             log.info("tuning %s: a full compile that benchmarks every GEMM and kernel config (%s)", name, options)
-            t0 = time.perf_counter()
             try:
-                files = aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
+                compiled = aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
             except Exception as e:
                 raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
                                    "without it)") from e
-            seconds[name] = round(time.perf_counter() - t0, 1)
-            phases[name] = compile_phases()
+            seconds[name], phases[name] = compiled.seconds, compiled.phases
             log.info("tuned %s in %.1f s", name, seconds[name])
-            _, _, constants = compiled_outputs(name, files)  # packageable with new weights?
+            _, _, constants = compiled_outputs(name, compiled.files)  # packageable with new weights?
             check_constants_are_weights(name, constants, paths.exported)
         decisions = count_decisions(Path(cache))
         kernels = keep_kernels(Path(cache), paths.inductor_cache)
