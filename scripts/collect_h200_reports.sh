@@ -19,9 +19,9 @@ index = json.load(open(sys.argv[1]))
 keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256")
 print(json.dumps({k: index.get(k) for k in keep}, indent=2, sort_keys=True))' "$staging/$1" > "$dest/$2"
 }
-for part in bf16 fp32 fast tuned fp8 o0; do  # gpu_full.sh's parts that build a full variant (fast, tuned, o0: bf16)
+for part in bf16 fp32 parity fast tuned fp8 o0; do  # gpu_full.sh's parts that build a full variant (parity, fast, tuned, o0: bf16)
     precision=$part
-    [[ $part == fast || $part == tuned || $part == o0 ]] && precision=bf16
+    [[ $part == parity || $part == fast || $part == tuned || $part == o0 ]] && precision=bf16
     variant=$part/sam3-$precision-cuda
     copy "$variant/verify/report.md" "verify-$part.md"
     copy "$variant/verify/report.json" "verify-$part.json"

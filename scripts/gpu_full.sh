@@ -20,6 +20,8 @@
 #   o0:    the bf16 build with the wrapper's C++ at -O0 ([compile] inductor aot_inductor.compile_wrapper_opt_level,
 #          AOTInductor's default O1): compile time and phases, then bench of the AOTI columns at 1 x 1 and 2 x 3
 #          (the plain runner is the one whose launches the wrapper's code makes), then verify
+#   parity: the bf16 build as pipeline.toml has it (no bench), verify, then parity with Meta's SAM3 under bf16
+#          autocast (the bf16 part's parity, without its bench)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -130,6 +132,13 @@ bf16_after() {  # alone on the machine: bench, then parity with Meta's model und
     build bf16-parity parity $SAM3 precision=bf16 config=$config
 }
 
+parity_after() {
+    cd "$WORK/parity" || return 1
+    local config=pipeline.toml
+    [[ -f eager-attention.toml ]] && config=eager-attention.toml
+    build parity-parity parity $SAM3 precision=bf16 config=$config
+}
+
 fp32_after() {
     cd "$WORK/fp32" || return 1
     local config=pipeline.toml
@@ -172,7 +181,7 @@ tinytuned_part() {
     local tmp=$WORK/tinytuned-tmp toolkit=()
     [[ ${TOOLKIT:-pinned} == machine ]] && toolkit=(SAM3_AOTI_TEST_TOOLKIT=machine)
     cd "$WORK/tinytuned" && rm -rf "$tmp"
-    step tinytuned-test limited 900 env "${toolkit[@]}" scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k tuned --basetemp="$tmp"
+    step tinytuned-test limited 690 env "${toolkit[@]}" scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k tuned --basetemp="$tmp"
     mkdir -p "$RESULTS/tinytuned"
     (cd "$tmp" && find . \( -path '*/logs/*' -o -path '*/tuning/index.json' -o -path '*/compiled/index.json' \
         -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
@@ -180,7 +189,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 fast tuned fp8 tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
@@ -188,6 +197,7 @@ run_all() {
         -k scaled_mm)
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
+    [[ $parts == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
     [[ $parts == *" fast "* ]] && { fast_part & pids+=($!); }
     [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
     [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
@@ -198,6 +208,7 @@ run_all() {
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && bf16_after
     [[ $parts == *" fp32 "* ]] && fp32_after
+    [[ $parts == *" parity "* ]] && parity_after
     local tuned_pid=
     if [[ $parts == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
         (cd "$WORK/tuned" && build tuned-build compile package verify $SAM3 precision=bf16) & tuned_pid=$!
@@ -254,5 +265,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [fast] [tuned] [fp8] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
 esac

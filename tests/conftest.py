@@ -50,9 +50,9 @@ def run_doit(repo: Path, *args: str, check: bool = True, env: dict | None = None
     return proc
 
 
-def stale(repo: Path, *variables: str) -> set[str]:
+def stale(repo: Path, *variables: str, device: str = "cpu") -> set[str]:
     """The tasks `doit list --status` marks to run (doit's own judgement; nothing is executed)."""
-    listing = run_doit(repo, "list", "--all", "--status", "device=cpu", *variables).stdout
+    listing = run_doit(repo, "list", "--all", "--status", f"device={device}", *variables).stdout
     return {line.split()[1] for line in listing.splitlines() if line.startswith("R ")}
 
 

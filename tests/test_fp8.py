@@ -9,7 +9,7 @@ from torch import nn
 
 from sam3_aoti.config import load_settings
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.fp8 import E4M3, E4M3_MAX, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
+from sam3_aoti.fp8 import E4M3, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
 from sam3_aoti.model import Sam3Grounding, example_inputs, random_model, tiny_config
 
 
