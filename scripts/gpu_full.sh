@@ -181,7 +181,7 @@ tinytuned_part() {
     local tmp=$WORK/tinytuned-tmp toolkit=()
     [[ ${TOOLKIT:-pinned} == machine ]] && toolkit=(SAM3_AOTI_TEST_TOOLKIT=machine)
     cd "$WORK/tinytuned" && rm -rf "$tmp"
-    step tinytuned-test limited 690 env "${toolkit[@]}" scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k tuned --basetemp="$tmp"
+    step tinytuned-test limited 900 env "${toolkit[@]}" scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k tuned --basetemp="$tmp"
     mkdir -p "$RESULTS/tinytuned"
     (cd "$tmp" && find . \( -path '*/logs/*' -o -path '*/tuning/index.json' -o -path '*/compiled/index.json' \
         -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
