@@ -20,8 +20,8 @@
 #   o0:    the bf16 build with the wrapper's C++ at -O0 ([compile] inductor aot_inductor.compile_wrapper_opt_level,
 #          AOTInductor's default O1): compile time and phases, then bench of the AOTI columns at 1 x 1 and 2 x 3
 #          (the plain runner is the one whose launches the wrapper's code makes), then verify
-#   parity: the bf16 build as pipeline.toml has it (no bench), verify, then parity with Meta's SAM3 under bf16
-#          autocast (the bf16 part's parity, without its bench)
+#   parity: the bf16 build as pipeline.toml has it: verify, then parity with Meta's SAM3 under bf16 autocast
+#          (the bf16 part without its bench)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out

@@ -38,7 +38,7 @@ def test_a_tuned_tiny_build_on_cuda_compiles_from_its_tuning_results(tmp_path):
     results (benchmarks nothing) and its code reads no tensor derived from the weights; verify passes; a new
     seed, once weights and export have rerun, leaves tune and compile up to date. The Triton search is cut to
     one config per GEMM (Inductor's own test_configs.max_mm_configs, so ATen vs Triton still benchmarks): with
-    the full search the tiny model's tuning alone takes 9-10 minutes on the H200."""
+    the full search the tiny model's tuning took 9-10 minutes on the H200, beside a full build."""
     repo = copy_repo(tmp_path)
     config = repo / "pipeline.toml"
     text = config.read_text().replace("\nenabled = false\n", "\nenabled = true\n")
