@@ -12,12 +12,12 @@ mkdir -p "$dest"
 copy() {  # copy SOURCE NAME: when the run produced it
     [[ -f $staging/$1 ]] && cp "$staging/$1" "$dest/$2" || echo "not in this run: $1" >&2
 }
-compile_facts() {  # compile_facts INDEX NAME: a compile index without its constants tables (400 kB)
-    [[ -f $staging/$1 ]] || return 0
+compile_facts() {  # compile_facts INDEX OUT: a compile index without its constants tables (400 kB)
     python3 -c 'import json, sys
 index = json.load(open(sys.argv[1]))
-keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256")
-print(json.dumps({k: index.get(k) for k in keep}, indent=2, sort_keys=True))' "$staging/$1" > "$dest/$2"
+keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends", "platform", "tuning", "program_sha256",
+        "toolchain")
+json.dump({k: index.get(k) for k in keep}, open(sys.argv[2], "w"), indent=2, sort_keys=True)' "$1" "$2"
 }
 for part in bf16 fp32 parity fast tuned fp8 o0; do  # gpu_full.sh's parts that build a full variant (parity, fast, tuned, o0: bf16)
     precision=$part
@@ -30,7 +30,7 @@ for part in bf16 fp32 parity fast tuned fp8 o0; do  # gpu_full.sh's parts that b
     copy "$variant/bench/bench.png" "bench-$part.png"
     copy "$variant/parity/parity.md" "parity-$part.md"
     copy "$variant/parity/parity.json" "parity-$part.json"
-    compile_facts "$variant/compiled/index.json" "compile-$part.json"
+    [[ -f $staging/$variant/compiled/index.json ]] && compile_facts "$staging/$variant/compiled/index.json" "$dest/compile-$part.json"
     copy "$variant/tuning/index.json" "tuning-$part.json"
     copy "$part/toolchain/doctor.json" "doctor-$part.json"
     copy "$part/toolkit.txt" "toolkit-$part.txt"
@@ -46,14 +46,14 @@ copy logs/tiny-gpu-tests.log tiny-gpu-tests.log
 copy logs/sdpa-backends.json sdpa-backends.json
 copy logs/sdpa-backends.log sdpa-backends.txt
 copy nvidia-smi.txt nvidia-smi.txt
-compile_facts logs/compiled-cold.json compile-cold.json
-compile_facts logs/compiled-warm.json compile-warm.json
+for run in cold warm; do
+    [[ -f $staging/logs/compiled-$run.json ]] && compile_facts "$staging/logs/compiled-$run.json" "$dest/compile-$run.json"
+done
 copy compiletime/toolkit.txt toolkit-compiletime.txt
 if [[ -d $staging/logs/tinytuned ]]; then
     rm -rf "$dest/tinytuned" && cp -r "$staging/logs/tinytuned" "$dest/tinytuned"
-    find "$dest/tinytuned" -path '*/compiled/index.json' -exec sh -c 'python3 -c "import json, sys
-index = json.load(open(sys.argv[1])); index[\"models\"] = \"(left out)\"
-json.dump(index, open(sys.argv[1], \"w\"), indent=2, sort_keys=True)" "$1"' _ {} \;
+    while IFS= read -r -d '' index; do compile_facts "$index" "$index"; done \
+        < <(find "$dest/tinytuned" -path '*/compiled/index.json' -print0)
 fi
 copy logs/tinytuned-test.log tinytuned-test.log
 ls -la "$dest"

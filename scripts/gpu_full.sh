@@ -124,26 +124,12 @@ tuned_part() {  # export, then the tuning from nothing, next to the other builds
     LIMIT=${TUNE_LIMIT:-660} build tuned-tune tune $SAM3 precision=bf16
 }
 
-bf16_after() {  # alone on the machine: bench, then parity with Meta's model under bf16 autocast
-    cd "$WORK/bf16" || return 1
-    local config=pipeline.toml
-    [[ -f eager-attention.toml ]] && config=eager-attention.toml
-    build bf16-bench bench $SAM3 precision=bf16 config=$config
-    build bf16-parity parity $SAM3 precision=bf16 config=$config
-}
-
-parity_after() {
-    cd "$WORK/parity" || return 1
-    local config=pipeline.toml
-    [[ -f eager-attention.toml ]] && config=eager-attention.toml
-    build parity-parity parity $SAM3 precision=bf16 config=$config
-}
-
-fp32_after() {
-    cd "$WORK/fp32" || return 1
-    local config=pipeline.toml
-    [[ -f eager-attention.toml ]] && config=eager-attention.toml
-    build fp32-parity parity $SAM3 precision=fp32 config=$config
+after() {  # after PART PRECISION STAGE...: alone on the machine, each stage on the part's finished build
+    local part=$1 precision=$2 config=pipeline.toml stage
+    shift 2
+    cd "$WORK/$part" || return 1
+    [[ -f eager-attention.toml ]] && config=eager-attention.toml  # the build that compiled (full_build)
+    for stage in "$@"; do build "$part-$stage" "$stage" $SAM3 precision="$precision" config=$config; done
 }
 
 tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
@@ -206,9 +192,9 @@ run_all() {
     [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
     [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
     wait "${pids[@]}"
-    [[ $parts == *" bf16 "* ]] && bf16_after
-    [[ $parts == *" fp32 "* ]] && fp32_after
-    [[ $parts == *" parity "* ]] && parity_after
+    [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
+    [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
+    [[ $parts == *" parity "* ]] && after parity bf16 parity
     local tuned_pid=
     if [[ $parts == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
         (cd "$WORK/tuned" && build tuned-build compile package verify $SAM3 precision=bf16) & tuned_pid=$!
