@@ -11,11 +11,11 @@ from pathlib import Path
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task
 from tasks.runs import guard
-from sam3_aoti.config import DEFAULT_CASES, gpu_model, package_version
-from sam3_aoti.integrity import digest_file
-from sam3_aoti.tokenizer import CHECKPOINT_TOKENIZER_FILES
-from sam3_aoti.cuda_env import doctor_path
-from sam3_aoti.cuda_toolkit import PIN_TABLE, machine_toolkit_matters
+from sam3_aoti.pipeline.paths import DEFAULT_CASES, PIN_TABLE, ToolchainPaths
+from sam3_aoti.pipeline.settings import gpu_model, package_version
+from sam3_aoti.runtime.integrity import digest_file
+from sam3_aoti.runtime.tokenizer import CHECKPOINT_TOKENIZER_FILES
+from sam3_aoti.toolchain.cuda_toolkit import machine_toolkit_matters
 
 DOIT_CONFIG = {
     "default_tasks": ["toolchain", "render"],
@@ -32,7 +32,7 @@ def task_toolchain():
     machine = ({"CUDA_HOME": os.environ.get("CUDA_HOME"), "nvcc": shutil.which("nvcc")}
                if machine_toolkit_matters(SETTINGS.toolkit, package_version("torch")) else {})
     return stage_task("toolchain", "CUDA toolkit for AOTInductor (the pinned pip wheels, or toolkit=machine) and a doctor with a probe",
-                      [PIN_TABLE], [doctor_path(SETTINGS), ENV_FILE],
+                      [PIN_TABLE], [ToolchainPaths.of(SETTINGS).doctor, ENV_FILE],
                       toolkit=SETTINGS.toolkit, machine={**machine, "CXX": os.environ.get("CXX")})
 
 

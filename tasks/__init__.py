@@ -1,6 +1,7 @@
 """The doit side: settings from doit variables, one task dict per stage, and the end-of-run summary.
 
-Nothing here imports torch: `doit list` stays instant. Stage work happens in `sam3_aoti.<stage>.run`.
+Nothing here imports torch: `doit list` stays instant. Stage work happens in `sam3_aoti.stages.<stage>.run`,
+each in its own process.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ROOT / "src" / "sam3_aoti"
-sys.path.insert(0, str(ROOT / "src"))  # the checkout's library, even beside another installed copy
+SOURCES = ROOT / "src"
+PACKAGE = "sam3_aoti"
+sys.path.insert(0, str(SOURCES))  # the checkout's library, even beside another installed copy
 
-from sam3_aoti.artifacts import manifest_changes  # noqa: E402
-from sam3_aoti.config import load_settings  # noqa: E402
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
-from sam3_aoti.paths import ProfilePaths  # noqa: E402
-from sam3_aoti.cuda_env import env_file  # noqa: E402
+from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
+from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
+from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
 
 VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 
@@ -36,8 +37,9 @@ def _settings():
     """The variables, pipeline.toml and cases.toml, all checked before any stage runs."""
     from doit import doit_cmd
 
-    from sam3_aoti.config import DEFAULT_CASES
-    from sam3_aoti.validate import check_cases, check_variables
+    from sam3_aoti.pipeline.cases import check_cases
+    from sam3_aoti.pipeline.paths import DEFAULT_CASES
+    from sam3_aoti.pipeline.schema import check_variables
 
     try:
         check_variables(doit_cmd._CMDLINE_VARS or {}, VARIABLES)
@@ -52,47 +54,62 @@ SETTINGS = _settings()
 if SETTINGS.notice:
     print(f"sam3-aoti: {SETTINGS.notice}", file=sys.stderr)
 PATHS = ProfilePaths.of(SETTINGS)
-ENV_FILE = env_file(SETTINGS)
+ENV_FILE = ToolchainPaths.of(SETTINGS).env_file
+
+
+def module_file(module: str) -> Path | None:
+    """`sam3_aoti.a.b` -> src/sam3_aoti/a/b.py (or its package's __init__.py); None if it is no module here."""
+    base = SOURCES.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _parents(module: str) -> list[str]:
+    """The packages Python imports before `module`: their __init__.py runs too."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 @functools.lru_cache(maxsize=None)  # each module parsed once per doit load, however many stages import it
 def imported_modules(module: str) -> frozenset[str]:
-    """The sam3_aoti modules `module` imports anywhere in its source (function-level imports too) or runs
-    (`python -m sam3_aoti.probe`)."""
+    """The sam3_aoti modules `module` imports anywhere in its source (function-level imports too, relative or
+    absolute, into any subpackage), or runs (`"sam3_aoti.toolchain.probe"` as a string), with their packages."""
+    path = module_file(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse((SOURCES / f"{module}.py").read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sam3_aoti."):
-            found.add(node.module.split(".")[1])
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(filter(None, [base, node.module]))
+            for alias in node.names:  # `from pkg import module` names a module; `from module import name`, not
+                found.add(f"{base}.{alias.name}" if module_file(f"{base}.{alias.name}") else base)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("sam3_aoti."))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("sam3_aoti."):
-            found.add(node.value.split(".")[1])
-    return frozenset(m for m in found if (SOURCES / f"{m}.py").exists())
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    modules = {m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and module_file(m)}
+    return frozenset(modules | {p for m in modules for p in _parents(m)})
 
 
 def sources(stage: str) -> list[str]:
-    """Every library module the stage imports, directly or not, read from the code (never a hand list that
-    goes stale): editing one reruns the stage."""
-    seen, todo = set(), [stage]
+    """Every library file the stage imports, directly or not, in every subpackage, read from the code (never a
+    hand list that goes stale): editing one reruns the stage."""
+    start = f"{PACKAGE}.stages.{stage}"
+    seen, todo = set(), [start, *_parents(start)]
     while todo:
         module = todo.pop()
         if module not in seen:
             seen.add(module)
             todo += imported_modules(module)
-    return [str(SOURCES / f"{m}.py") for m in sorted(seen)]
+    return sorted(str(module_file(m)) for m in seen)
 
 
 def stage_command(name: str) -> list[str]:
-    """The stage's process, given the settings as resolved here (a fallback taken once, not re-decided)."""
-    resolved = {"profile": SETTINGS.profile, "device": SETTINGS.device, "precision": SETTINGS.precision,
-                "weights": SETTINGS.weights, "config": get_var("config"), "toolkit": SETTINGS.toolkit}
-    args = [sys.executable, "-m", f"sam3_aoti.{name}"]
-    for var in VARIABLES:
-        if resolved[var]:
-            args += [f"--{var}", resolved[var]]
-    return args
+    """The stage's process, handed the settings resolved here, whole (a fallback taken once, not re-decided)."""
+    SETTINGS.write(PATHS.settings)
+    return [sys.executable, "-m", f"{PACKAGE}.stages.{name}", "--settings", str(PATHS.settings)]
 
 
 def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
@@ -101,10 +118,10 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     toolchain's cuda.env, except for `toolchain`, which writes that file: it must probe the machine as it
     is, or a fix recorded by an earlier run (CXX) makes the probe pass, is left out of the new file, and
     the compile crashes."""
-    from sam3_aoti.cuda_env import read_env_file
+    from sam3_aoti.toolchain.cuda_env import read_env_file
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(PATHS.inductor_cache)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCES), env.get("PYTHONPATH")]))
     if name != "toolchain":
         env.update(read_env_file(env_file, env))
     return env

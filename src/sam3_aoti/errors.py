@@ -1,8 +1,15 @@
-"""Typed errors: each becomes one line at the task boundary, never a traceback."""
+"""Typed errors: each becomes one line at the task boundary, never a traceback.
+
+Exit codes, everywhere (`sam3-aoti`, `python -m sam3_aoti.stages.<stage>`, doit's stage processes): 2 when what
+was given cannot be used (arguments, settings, a checkpoint, a package, an image: fix the input), 1 when the work
+itself failed (export, compile, drift, the toolchain), 130 when interrupted.
+"""
 
 
 class Sam3AotiError(Exception):
     """Base: the message says what is wrong and how to fix it."""
+
+    exit_code = 1
 
 
 def first_line(e: BaseException) -> str:
@@ -12,11 +19,11 @@ def first_line(e: BaseException) -> str:
 
 
 class ConfigError(Sam3AotiError):
-    pass
+    exit_code = 2
 
 
 class WeightsError(Sam3AotiError):
-    pass
+    exit_code = 2
 
 
 class ExportError(Sam3AotiError):
@@ -28,7 +35,7 @@ class CompileError(Sam3AotiError):
 
 
 class PackageError(Sam3AotiError):
-    pass
+    exit_code = 2
 
 
 class DriftError(Sam3AotiError):
@@ -41,3 +48,5 @@ class ToolchainError(Sam3AotiError):
 
 class InputError(Sam3AotiError):
     """A tensor, prompt or image handed to the package that it cannot take."""
+
+    exit_code = 2

@@ -1,0 +1,67 @@
+"""Eager outputs on disk (`verify/reference/`), so a re-compile re-runs only the package, never the slow
+full-size eager model, and `render` draws eager's side from what `verify` computed instead of running it again.
+
+Keyed by everything an output depends on: the weights (their hash in the manifest), the model code, device,
+precision, library versions, and the inputs' bytes. Bounded and cleaned: after each verify only the entries
+that run used are kept (the ones `render` asks for next), so old weights or code leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..pipeline.paths import ProfilePaths
+from ..pipeline.settings import Settings
+from ..runtime.files import atomic_output
+
+
+class ReferenceCache:
+    def __init__(self, folder: Path, identity: dict):
+        self.folder, self.identity, self.hits, self.used = folder, identity, 0, set()
+
+    @classmethod
+    def of(cls, settings: Settings) -> "ReferenceCache":
+        paths = ProfilePaths.of(settings)
+        return cls(paths.reference_cache, identity(settings, paths))
+
+    def path(self, inputs: tuple) -> Path:
+        h = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode())
+        for t in inputs:
+            h.update(str((tuple(t.shape), t.dtype)).encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return self.folder / f"{h.hexdigest()[:24]}.pt"
+
+    def get(self, inputs: tuple, compute):
+        """`compute(*inputs)`, from disk when these inputs were computed with this identity before."""
+        import torch
+
+        path = self.path(inputs)
+        self.used.add(path.name)
+        if path.exists():
+            self.hits += 1
+            return tuple(o.to(inputs[0].device) for o in torch.load(path))
+        outputs = compute(*inputs)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path) as tmp:
+            torch.save(tuple(o.cpu() for o in outputs), tmp)
+        return outputs
+
+    def prune(self) -> int:
+        """Remove every entry this run did not use; returns how many went."""
+        stale = [p for p in self.folder.glob("*.pt") if p.name not in self.used] if self.folder.is_dir() else []
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return len(stale)
+
+
+def identity(settings: Settings, paths: ProfilePaths) -> dict:
+    """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
+    device, precision, library versions."""
+    from . import wrapper
+
+    manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
+    weights = manifest.get("stages", {}).get("weights", {}).get("outputs", {})
+    return {"weights": weights, "model_code": hashlib.sha256(Path(wrapper.__file__).read_bytes()).hexdigest(),
+            **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}

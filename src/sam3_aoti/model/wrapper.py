@@ -1,0 +1,314 @@
+"""The export wrapper: `transformers.Sam3Model` behind the production interface.
+
+`model(images [B,3,S,S], token_ids [P,32])` -> (pred_logits [N,Q,1], pred_boxes [N,Q,4] cxcywh,
+pred_masks [N,Q,M,M], presence_logit_dec [N,1]) with N = B*P and pair i = (image i // P, prompt i % P),
+the conventions of Meta's SAM3 code. The vision encoder runs once per image and the text encoder once per
+prompt; only the DETR/mask heads see all N pairs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Sam3Config, Sam3Model
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3VisionEncoderOutput
+
+from ..runtime.contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
+from ..runtime.tokenizer import CONTEXT_LENGTH, END, START
+
+# A SAM3 small enough to export and AOT-compile on 2 CPU cores in a minute or two.
+TINY_CONFIG = {
+    "vision_config": {
+        "backbone_config": {
+            "model_type": "sam3_vit_model",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 2,
+            "image_size": 112,
+            "patch_size": 14,
+            "window_size": 4,
+            "global_attn_indexes": [1, 3],
+            "pretrain_image_size": 112,
+            "layer_norm_eps": 1e-5,  # Meta's ViT (see full_config)
+        },
+        "fpn_hidden_size": 32,
+        "backbone_feature_sizes": [[32, 32], [16, 16], [8, 8]],
+    },
+    "text_config": {
+        "model_type": "clip_text_model",
+        "vocab_size": 49408,
+        "max_position_embeddings": 32,
+        "hidden_size": 64,
+        "intermediate_size": 256,  # Meta's text encoder fixes mlp_ratio = 4
+        "hidden_act": "gelu",  # as Sam3Config's (CLIPTextConfig's own default is quick_gelu)
+        "projection_dim": 512,  # Meta's text encoder fixes output_dim = 512 (its pooled output is unused)
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    },
+    "geometry_encoder_config": {"hidden_size": 32, "num_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+    "detr_encoder_config": {"hidden_size": 32, "num_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+    "detr_decoder_config": {
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "num_queries": 16,
+    },
+    "mask_decoder_config": {"hidden_size": 32, "num_attention_heads": 2},
+}
+
+
+def tiny_config() -> Sam3Config:
+    return Sam3Config(**TINY_CONFIG)
+
+
+def full_config() -> Sam3Config:
+    """SAM3 as Meta builds it. transformers' default ViT LayerNorm eps is 1e-6; Meta's ViT uses
+    nn.LayerNorm(eps=1e-5), and with it the vision features match Meta's to fp32 noise (2e-6 vs 3e-3)."""
+    config = Sam3Config()
+    config.vision_config.backbone_config.layer_norm_eps = 1e-5
+    return config
+
+
+def random_model(config: Sam3Config, seed: int, matrix_gain: float | None = None, bias_noise: float = 0.0) -> Sam3Model:
+    """A seeded random-init model: the same seed gives the same weights on any machine.
+
+    transformers' init leaves every bias at 0 and every norm weight at 1 (about 900 of SAM3's tensors), so
+    same-shaped tensors are equal and a conversion table that swaps two of them passes every check; its
+    std 0.02 also leaves a small model nearly deaf to its inputs. So seeded N(0, bias_noise) noise is added
+    to every vector and constant tensor, and with `matrix_gain` every matrix is redrawn as
+    N(0, gain^2 / fan_in), which keeps activations of order one through the layers."""
+    torch.manual_seed(seed)
+    model = Sam3Model(config).eval()
+    noise = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if matrix_gain is not None and param.dim() >= 2:
+                fan_in = param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=noise) * (matrix_gain / fan_in**0.5))
+            elif bias_noise and (param.dim() < 2 or bool(param.min() == param.max())):
+                param.add_(torch.randn(param.shape, generator=noise) * bias_noise)
+    return model
+
+
+class _StaticShapeDetrDecoder(Sam3DetrDecoder):
+    """Sam3DetrDecoder whose box-bias grid size is a Python int, not a tensor.
+
+    transformers passes the feature height/width as tensors into `torch.arange`, which export turns into
+    unbacked symbols (`GuardOnDataDependentSymNode: Eq(u0*u1, 64)`). SAM3 feeds the DETR one square level,
+    so the side is known from the config; the class is swapped in on the instance, the library stays untouched.
+    """
+
+    static_side: int
+
+    def _get_rpb_matrix(self, reference_boxes, spatial_shape):
+        return super()._get_rpb_matrix(reference_boxes, (self.static_side, self.static_side))
+
+
+def detr_side(config: Sam3Config) -> int:
+    """Side of the one feature level the DETR sees (image / patch, scale 1.0)."""
+    vit = config.vision_config.backbone_config
+    return vit.image_size // vit.patch_size
+
+
+MASKED_ATTENTION = ("text_encoder", "geometry_encoder", "detr_encoder", "detr_decoder", "mask_decoder")
+DENSE_MASK_SDPA = "sam3_dense_mask_sdpa"
+MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
+
+
+def dense_mask(mask: torch.Tensor, dtype: torch.dtype, query_len: int, key_len: int) -> torch.Tensor:
+    """An attention mask as every SDPA kernel and AOTInductor take it: additive, in the query's dtype,
+    materialized `[B, H|1, Lq, Lk]` with last stride 1 and rows padded to a multiple of 8 elements (the
+    padding is sliced off again, so only the strides change). A broadcast or bool mask handed to the
+    compiled memory-efficient kernel failed on the H200 with "(*bias): last dimension must be contiguous"."""
+    if mask.dtype == torch.bool:  # True = attend (transformers' sdpa masks)
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    mask = mask.to(dtype).expand(mask.shape[0], mask.shape[1], query_len, key_len)
+    return F.pad(mask, (0, -key_len % MASK_ROW_ALIGN))[..., :key_len]
+
+
+def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' attention interface, on SDPA for masked attentions (`dense_mask` gives the layout).
+
+    A causal attention (the CLIP text encoder) runs with `is_causal` and no mask: that is Meta's text
+    encoder (a causal mask only; padding never reaches a real token, since tokens are right-padded and
+    every later use of the text masks the padding), and it lets the flash and cuDNN kernels take it."""
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+    dtype = getattr(module, "attention_dtype", query.dtype)  # set by `attention_in`
+    mask = None if causal or attention_mask is None else dense_mask(attention_mask, dtype, query.shape[2],
+                                                                     key.shape[2])
+    out = F.scaled_dot_product_attention(query.to(dtype), key.to(dtype), value.to(dtype), attn_mask=mask,
+                                         scale=scaling, is_causal=causal and query.shape[2] > 1)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def attention_in(part: nn.Module, dtype: torch.dtype) -> None:
+    """Run the attentions of `part` (a module kept in fp32 in a bf16 build) in `dtype`, the rest of it
+    staying fp32: an fp32 box-biased attention takes the memory-efficient kernel, 5.1 ms for the DETR
+    decoder's six layers at 2 x 3 on the H200, against 0.72 ms for cuDNN in bf16 (scripts/speed_levers.py)."""
+    from transformers.models.sam3.modeling_sam3 import Sam3Attention
+
+    for module in part.modules():
+        if isinstance(module, Sam3Attention):
+            module.attention_dtype = dtype
+
+
+def _register_dense_mask_sdpa() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(DENSE_MASK_SDPA, dense_mask_sdpa)
+    AttentionMaskInterface.register(DENSE_MASK_SDPA, sdpa_mask)  # transformers builds bool masks, as for sdpa
+
+
+def set_masked_attention(model: Sam3Model, implementation: str) -> None:
+    """Where a mask or bias is added (text encoder, geometry encoder, DETR encoder cross-attention, DETR
+    decoder, mask decoder): `"sdpa"` runs them through `dense_mask_sdpa`, `"eager"` as plain matmul-softmax.
+    The ViT and the DETR encoder's self-attention over the 72x72 image tokens have no mask and keep
+    transformers' SDPA. The switch is per sub-config because transformers builds each mask from the parent's
+    config; the unmasked self-attentions then get a config of their own back on plain SDPA."""
+    if implementation not in ("sdpa", "eager"):
+        raise ValueError(f"masked attention {implementation!r}: use sdpa or eager")
+    name = DENSE_MASK_SDPA if implementation == "sdpa" else "eager"
+    if implementation == "sdpa":
+        _register_dense_mask_sdpa()
+    for part in MASKED_ATTENTION:
+        for module in getattr(model, part).modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = name
+    for layer in model.detr_encoder.layers:
+        layer.self_attn.config = copy.copy(layer.self_attn.config)
+        layer.self_attn.config._attn_implementation = "sdpa"
+
+
+def _cast(value, dtype: torch.dtype):
+    if torch.is_tensor(value) and value.is_floating_point():
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _inputs_to(dtype: torch.dtype):
+    """A forward pre-hook that hands a module its floating inputs in its own dtype."""
+    return lambda module, args, kwargs: (_cast(args, dtype), {k: _cast(v, dtype) for k, v in kwargs.items()})
+
+
+def keep_box_path_fp32(model: Sam3Model, dtype: torch.dtype, fp32_parts: tuple = FP32_IN_BF16) -> None:
+    """Mixed precision for a low-precision model: `contract.FP32_IN_BF16` in fp32, the rest (ViT, text, DETR
+    encoder, mask decoder: nearly all the work) in `dtype`; each part gets its inputs in its own dtype. The
+    DETR decoder refines each box over its layers (inverse sigmoid, add, sigmoid), and bf16 keeps a box
+    coordinate to 1/256 (4 px at 1008) at every step. (Their cost on the H200 is not measured yet.)"""
+    for name in fp32_parts:
+        getattr(model, name).float().register_forward_pre_hook(_inputs_to(torch.float32), with_kwargs=True)
+    model.mask_decoder.register_forward_pre_hook(_inputs_to(dtype), with_kwargs=True)
+
+
+class Sam3Grounding(nn.Module):
+    """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
+
+    def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16,
+                 masked_attention: str = "sdpa", box_path_attention: str = "fp32", fp8_parts: tuple = ()):
+        super().__init__()
+        model.to(dtype)
+        if dtype != torch.float32:
+            keep_box_path_fp32(model, dtype, fp32_parts)
+            if box_path_attention == "bf16" and masked_attention == "sdpa":
+                attention_in(model.detr_decoder, dtype)
+        if fp8_parts:  # precision=fp8: a bf16 build whose ViT linears are rowwise-scaled fp8 GEMMs (fp8.py)
+            from .fp8 import quantize_linears
+
+            for name in fp8_parts:
+                quantize_linears(model.get_submodule(name))
+        self.dtype = dtype
+        decoder = model.detr_decoder
+        decoder.__class__ = _StaticShapeDetrDecoder
+        decoder.static_side = detr_side(model.config)
+        set_masked_attention(model, masked_attention)
+        self.model = model
+
+    @classmethod
+    def at(cls, model: Sam3Model, precision, **options) -> "Sam3Grounding":
+        """The wrapper as a `pipeline.precision.Precision` defines it: compute dtype, fp32 parts, fp8 parts."""
+        return cls(model, getattr(torch, precision.dtype), precision.fp32_parts, fp8_parts=precision.fp8_parts,
+                   **options)
+
+    def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
+        batch, prompts = images.shape[0], token_ids.shape[0]
+        attention_mask = (token_ids != 0).long()
+
+        vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
+        text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
+
+        # pair i = (image i // P, prompt i % P)
+        per_pair_vision = Sam3VisionEncoderOutput(
+            fpn_hidden_states=tuple(f.repeat_interleave(prompts, dim=0) for f in vision.fpn_hidden_states),
+            fpn_position_encoding=tuple(p.repeat_interleave(prompts, dim=0) for p in vision.fpn_position_encoding),
+        )
+        geometry = self.empty_geometry_prompt(vision).repeat_interleave(prompts, dim=0)
+        prompt = torch.cat([text.pooler_output.repeat(batch, 1, 1), geometry], dim=1)
+        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)], dim=1)
+        out = self.model(
+            vision_embeds=per_pair_vision,
+            text_embeds=BaseModelOutputWithPooling(pooler_output=prompt),
+            attention_mask=prompt_mask,
+        )
+        x1, y1, x2, y2 = out.pred_boxes.unbind(-1)
+        boxes_cxcywh = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dim=-1)
+        outputs = (out.pred_logits.unsqueeze(-1), boxes_cxcywh, out.pred_masks, out.presence_logits)
+        return tuple(o.float() for o in outputs)
+
+    def empty_geometry_prompt(self, vision) -> torch.Tensor:
+        """The geometry encoder's output for no boxes, `[B, 1, C]`: its CLS token after attending to the image.
+
+        Meta's SAM3 always appends this token to the text prompt (text-only grounding encodes an empty
+        geometric prompt); transformers' Sam3Model skips the geometry encoder when no boxes are given,
+        which moves every head's output (logits by ~1e-2 on random weights). This is the encoder's own
+        no-box path (the box pooling, which needs torchvision, has nothing to pool)."""
+        encoder = self.model.geometry_encoder
+        feats, pos = vision.fpn_hidden_states[-2], vision.fpn_position_encoding[-2]  # the level it attends to
+        cls = encoder.cls_embed.weight.view(1, 1, -1).expand(feats.shape[0], 1, -1)
+        prompt = encoder.prompt_layer_norm(encoder.final_proj(cls))
+        feats, pos = feats.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2)
+        for layer in encoder.layers:
+            prompt = layer(prompt_feats=prompt, vision_feats=feats, vision_pos_encoding=pos, prompt_mask=None)
+        return encoder.output_layer_norm(prompt)
+
+
+class ImageTransforms(nn.Module):
+    """Any `[B,3,H,W]` float image batch in [0, 255] -> the model's `[B,3,S,S]` normalized input.
+
+    Meta's Sam3Processor resizes the uint8 image and keeps it uint8 (torchvision v2: bilinear, antialias,
+    then round to whole levels on the GPU), and only then scales to [0, 1]: the same steps here, so the
+    pixels the model sees are Meta's (tests/test_meta_parity.py measures it)."""
+
+    def __init__(self, image_size: int):
+        super().__init__()
+        self.image_size = image_size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False,
+                          antialias=True)
+        x = x.round().clamp(0, 255) / 255.0
+        return (x - IMAGE_MEAN) / IMAGE_STD
+
+
+def example_inputs(config: Sam3Config, batch: int, prompts: int, seed: int = 0, device="cpu"):
+    """Random images and token ids of the right shapes (ids: start, a few words, end, zero padding)."""
+    g = torch.Generator().manual_seed(seed)
+    size = config.vision_config.backbone_config.image_size
+    images = torch.randn(batch, 3, size, size, generator=g)
+    ids = torch.zeros(prompts, CONTEXT_LENGTH, dtype=torch.long)
+    for p in range(prompts):
+        n = 1 + p % 5
+        ids[p, 0] = START
+        ids[p, 1 : 1 + n] = torch.randint(1, START, (n,), generator=g)
+        ids[p, 1 + n] = END
+    return images.to(device), ids.to(device)
+

@@ -1,0 +1,159 @@
+"""Every path of the build, in one place: the checkout's inputs, each variant's generated files (variants of
+profile, precision and device never share a folder) and the machine's toolchain folder. Imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.archive import fallback_of
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CONFIG = REPO_ROOT / "pipeline.toml"
+DEFAULT_CASES = REPO_ROOT / "cases.toml"
+PIN_TABLE = REPO_ROOT / "env" / "toolchain.toml"  # torch's CUDA line -> the pinned toolkit wheels
+
+
+@dataclass(frozen=True)
+class ToolchainPaths:
+    """`artifacts/toolchain/`: one per machine and checkout, shared by every variant."""
+    root: Path
+
+    @classmethod
+    def of(cls, settings) -> "ToolchainPaths":
+        return cls(settings.artifacts_root / "toolchain")
+
+    @property
+    def env_file(self) -> Path:
+        """cuda.env: the toolkit, a fix if one was needed, and the build facts (toolchain.cuda_env)."""
+        return self.root / "cuda.env"
+
+    @property
+    def doctor(self) -> Path:
+        return self.root / "doctor.json"
+
+
+@dataclass(frozen=True)
+class ProfilePaths:
+    root: Path  # artifacts/<profile>-<precision>-<device>
+
+    @classmethod
+    def of(cls, settings) -> "ProfilePaths":
+        return cls(settings.artifacts_root / settings.variant)
+
+    @property
+    def checkpoint(self) -> Path:
+        """HF-format checkpoint folder: config.json + model.safetensors."""
+        return self.root / "weights" / "checkpoint"
+
+    @property
+    def checkpoint_files(self) -> list[Path]:
+        return [self.checkpoint / "config.json", self.checkpoint / "model.safetensors"]
+
+    @property
+    def tokenizer_merges(self) -> Path:
+        """CLIP BPE merges for the archive: the checkpoint's own, or the bundled ones."""
+        return self.root / "weights" / "tokenizer_merges.txt"
+
+    @property
+    def exported(self) -> Path:
+        """Both exported programs (`model`, `transforms`) with their weights, in one PT2 archive."""
+        return self.root / "export" / "programs.pt2"
+
+    @property
+    def program_digest(self) -> Path:
+        """What the compiled code depends on: graphs, signatures, weight layouts; not the weights' values."""
+        return self.root / "export" / "program.json"
+
+    @property
+    def compiled(self) -> Path:
+        """AOTInductor's files per model, without weights: reused while program.json stays the same."""
+        return self.root / "compiled"
+
+    @property
+    def compiled_index(self) -> Path:
+        return self.compiled / "index.json"
+
+    @property
+    def tuning(self) -> Path:
+        """Inductor's autotuning results for this variant's graph on this GPU (`tune`), read by `compile`."""
+        return self.root / "tuning"
+
+    @property
+    def tuning_index(self) -> Path:
+        return self.tuning / "index.json"
+
+    @property
+    def package(self) -> Path:
+        return self.root / "package" / "sam3.pt2"
+
+    @property
+    def fallback_package(self) -> Path:
+        return fallback_of(self.package)
+
+    @property
+    def verify_report_json(self) -> Path:
+        return self.root / "verify" / "report.json"
+
+    @property
+    def verify_report_md(self) -> Path:
+        return self.root / "verify" / "report.md"
+
+    @property
+    def verify_report_html(self) -> Path:
+        return self.root / "verify" / "report.html"
+
+    @property
+    def render_dir(self) -> Path:
+        return self.root / "render"
+
+    @property
+    def render_index(self) -> Path:
+        return self.render_dir / "index.md"
+
+    @property
+    def reference_cache(self) -> Path:
+        """Eager outputs verify computed, for the next verify and for render (model.reference)."""
+        return self.root / "verify" / "reference"
+
+    @property
+    def settings(self) -> Path:
+        """The settings as doit resolved them, handed to each stage process whole."""
+        return self.root / "settings.json"
+
+    @property
+    def meta_checkpoint(self) -> Path:
+        """The profile's weights in Meta's format, written by `parity` for Meta's own loader."""
+        return self.root / "parity" / "sam3.pt"
+
+    @property
+    def parity_json(self) -> Path:
+        return self.root / "parity" / "parity.json"
+
+    @property
+    def parity_md(self) -> Path:
+        return self.root / "parity" / "parity.md"
+
+    @property
+    def bench_json(self) -> Path:
+        return self.root / "bench" / "bench.json"
+
+    @property
+    def bench_md(self) -> Path:
+        return self.root / "bench" / "bench.md"
+
+    @property
+    def bench_plot(self) -> Path:
+        return self.root / "bench" / "bench.png"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def inductor_cache(self) -> Path:
+        """Inductor's and Triton's caches for this variant's stages (TORCHINDUCTOR_CACHE_DIR)."""
+        return self.root / "inductor-cache"
+
+    def log(self, stage: str) -> Path:
+        return self.root / "logs" / f"{stage}.log"

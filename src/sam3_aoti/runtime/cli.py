@@ -1,0 +1,131 @@
+"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...` runs a built package on one image;
+`sam3-aoti info PACKAGE [--json]` says what a package holds.
+
+predict: tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) *
+sigmoid(presence), threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PackageError, Sam3AotiError, first_line
+from .images import read_image
+
+
+def check_output(output: Path) -> None:
+    """PREFIX.png and PREFIX.json can be written: checked before the package loads and the model runs."""
+    import os
+
+    for target in outputs_of(output):
+        if target.is_dir():
+            raise PackageError(f"{target} is a folder: pass --output a path prefix such as out/roof")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PackageError(f"cannot create {output.parent} ({first_line(e)}): pass another --output") from None
+    if not os.access(output.parent, os.W_OK | os.X_OK):
+        raise PackageError(f"{output.parent} is not writable: pass another --output")
+
+
+def package_device(metadata: dict) -> str:
+    import torch
+
+    device = metadata.get("device", "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PackageError("this package was compiled for cuda but no GPU is usable here: "
+                           "run on a GPU machine or build with device=cpu")
+    return device
+
+
+def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
+            trust: bool = False) -> dict:
+    import torch
+
+    from .loader import load_package
+    from .postprocess import instances, overlay, to_tensor
+
+    check_output(output)
+    image = read_image(image_path)
+    package = load_package(package_path, trust=trust, cuda_graphs=False)  # one call: a capture would only add warm-ups
+    device = package_device(package.metadata)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        pixels = package.transforms(to_tensor(image, device))
+        outputs = package.model(pixels, package.encode_prompts(prompts).to(device))
+    seconds = time.perf_counter() - t0
+    found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
+    title = f"{image_path.name}: {', '.join(prompts)} (score >= {threshold})"
+    result = {
+        "image": str(image_path), "package": str(package_path), "width": image.shape[1], "height": image.shape[0],
+        "prompts": prompts, "threshold": threshold, "backend": package.backends["model"],
+        "seconds": round(seconds, 4), "instances": [inst.as_json() for inst in found],
+    }
+    picture, record = outputs_of(output)
+    try:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        overlay(image, found, title).save(picture)
+        record.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+        raise PackageError(f"cannot write {picture} / {record} ({first_line(e)}): pass another --output") from None
+    return result
+
+
+def outputs_of(output: Path) -> tuple[Path, Path]:
+    return output.parent / f"{output.name}.png", output.parent / f"{output.name}.json"
+
+
+def show_info(path: Path, as_json: bool, trust: bool) -> None:
+    from .info import archive_info, format_info
+
+    info = archive_info(path, trust)
+    print(json.dumps(info, indent=2) if as_json else format_info(info))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        run_command(argv)
+    except Sam3AotiError as e:
+        print(f"sam3-aoti: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("sam3-aoti: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def run_command(argv: list[str] | None) -> None:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="sam3-aoti", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sam3-aoti {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("predict", help="run a package on an image and write an overlay PNG + JSON")
+    run.add_argument("package", type=Path, help="the .pt2 archive (artifacts/<profile>/package/sam3.pt2)")
+    run.add_argument("--image", type=Path, required=True, help="an RGB image file")
+    run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
+    run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+    run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
+    run.add_argument("--trust", action="store_true", help="load a package that carries no digest (it runs native code)")
+    info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
+    info.add_argument("package", type=Path, help="the .pt2 archive")
+    info.add_argument("--json", action="store_true", help="print JSON for machines")
+    info.add_argument("--trust", action="store_true", help="describe a package that carries no digest")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        show_info(args.package, args.json, args.trust)
+        return
+    if not 0.0 <= args.threshold <= 1.0:
+        parser.error("--threshold must be between 0 and 1")
+    output = args.output or Path(f"{args.image.stem}_sam3")
+    result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust)
+    picture, record = outputs_of(output)
+    print(f"{len(result['instances'])} instance(s) in {result['seconds'] * 1000:.0f} ms ({result['backend']}): "
+          f"{picture}, {record}")
+
+
+if __name__ == "__main__":
+    main()

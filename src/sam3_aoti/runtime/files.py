@@ -1,0 +1,61 @@
+"""Files written whole or not at all, and their sha256: what the loader, the cache and the build share."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_output(target: Path):
+    """Yield a temporary path beside `target`; rename it over `target` only if the block succeeds.
+
+    An interrupted stage so never leaves a target that doit would take as up to date.
+    Works for files and folders alike (the block decides what it writes at the path).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = tmp_dir / target.name
+    try:
+        yield tmp
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def write_text_atomic(target: Path, text: str) -> None:
+    with atomic_output(target) as tmp:
+        tmp.write_text(text)
+
+
+def write_bytes_atomic(target: Path, data: bytes) -> None:
+    with atomic_output(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return stream_sha256(f)
+
+
+def stream_sha256(f, chunk: int = 1 << 24) -> str:
+    """sha256 of a binary stream (a file, a zip entry), read in chunks."""
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
+    return h.hexdigest()
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GB"

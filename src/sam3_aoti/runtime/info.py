@@ -1,0 +1,84 @@
+"""`sam3-aoti info`: what a package holds, read from the zip alone (no torch, no native code run)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from ..errors import PackageError
+from .archive import METADATA_FILE, archive_entries, fallback_of
+from .files import human_size
+from .integrity import check_package
+
+
+def archive_info(path: str | Path, trust: bool = False) -> dict:
+    """What a package holds, read from the zip alone (no torch, no native code run): models and backends,
+    inputs and outputs, dynamic dims, precision, the GPU it was built for, versions, weights hash, sizes."""
+    path = Path(path)
+    if not path.is_file():
+        raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
+            if archive.read(entries["archive_format"]) != b"pt2":
+                raise KeyError("archive_format")
+            metadata = json.loads(archive.read(entries[f"extra/{METADATA_FILE}"]))
+            aoti = {}
+            for name, item in entries.items():
+                if name.startswith("data/aotinductor/"):
+                    model, file = name.split("/")[2:4]
+                    part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
+                    part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
+                    if file.endswith(".wrapper_metadata.json"):
+                        built = json.loads(archive.read(item))
+                        part.update(device=built.get("AOTI_DEVICE_KEY"),
+                                    compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
+        reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
+        raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
+    integrity = check_package(path, trust=trust)
+    fallback = fallback_of(path)
+    models = {}
+    for name, described in metadata.get("models", {}).items():
+        backends = (["aoti"] if name in aoti else []) + (["exported (fallback)"] if fallback.is_file() else [])
+        models[name] = {**described, "backends": backends, **aoti.get(name, {})}
+    versions = metadata.get("versions", {})
+    return {
+        "path": str(path), "bytes": path.stat().st_size, "format": metadata.get("format"), "integrity": integrity,
+        "profile": metadata.get("profile"), "precision": metadata.get("precision"), "device": metadata.get("device"),
+        "gpu": versions.get("gpu"), "compute_capability": versions.get("compute_capability"),
+        "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},
+        "weights": metadata.get("weights"),
+        "weights_sha256": {part.split("/")[2]: sha for part, sha in metadata.get("parts_sha256", {}).items()
+                           if part.endswith("_weights.blob")},
+        "fallback": {"path": str(fallback), "bytes": fallback.stat().st_size} if fallback.is_file() else None,
+        "models": models,
+    }
+
+
+def format_info(info: dict) -> str:
+    """`sam3-aoti info` for people."""
+    built = info["gpu"] and f"{info['gpu']} (compute capability {info['compute_capability']})"
+    lines = [f"{info['path']}: {human_size(info['bytes'])}, {info['format']}, profile {info['profile']}, "
+             f"{info['precision']} on {info['device']}{', built on ' + built if built else ''}",
+             "versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v),
+             f"integrity: {info['integrity']}"]
+    fallback = info["fallback"]
+    lines.append(f"fallback: {Path(fallback['path']).name} ({human_size(fallback['bytes'])})" if fallback
+                 else "fallback: none beside it (AOTI only)")
+    lines.append(f"weights: {info['weights']}")
+    for name, model in info["models"].items():
+        sizes = f"code {human_size(model.get('code_bytes', 0))}, weights {human_size(model.get('weights_bytes', 0))}"
+        lines.append(f"{name}: backends {', '.join(model['backends']) or 'none'}; {sizes}; "
+                     f"weights sha256 {info['weights_sha256'].get(name, 'none')[:16]}")
+        dims = ", ".join(f"{d} >= {r['min']}" for d, r in model.get("dynamic_dims", {}).items())
+        if dims:
+            lines.append(f"  dynamic: {dims}")
+        for kind in ("inputs", "outputs"):
+            order = model.get("output_order", []) if kind == "outputs" else []
+            names = order + [n for n in model.get(kind, {}) if n not in order]
+            for n in names:
+                t = model[kind][n]
+                lines.append(f"  {kind[:-1]:6} {n:20} {t['dtype']:9} [{', '.join(map(str, t['shape']))}]")
+    return "\n".join(lines)

@@ -1,0 +1,265 @@
+"""`load_package`: a sam3-aoti package loaded with nothing but torch.
+
+Integrity first (`integrity`), then the AOTI models straight from torch's C++ package loader, CUDA graphs
+around the model on a GPU (`cuda_graphs`), and the exported programs beside the package as the fallback
+where the AOTI part cannot load. Every call checks its inputs and fails with one line before native code runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import InputError, PackageError, first_line
+from .archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, fallback_of, read_extra_files
+from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
+from .integrity import check_package
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Sam3Package:
+    runners: dict[str, Callable]
+    backends: dict[str, str]  # name -> "aoti" | "exported"
+    metadata: dict
+    merges_text: str
+    path: Path
+    fallback_reason: str | None = None
+    exported: dict = field(default_factory=dict, repr=False)
+    cuda_graphs: str = "off"  # "on" (the model replays CUDA graphs) or why not
+
+    @property
+    def graph_runner(self):
+        """The model's CudaGraphRunner (`.graphs`: the shapes captured), or None."""
+        return getattr(self.runners["model"], "graph_runner", None)
+
+    def exported_only(self) -> "Sam3Package":
+        """The same package through its exported programs (the fallback beside it)."""
+        exported = self.exported or load_exported(self.path)
+        runners = checked({name: exported[name].module() for name in MODEL_NAMES}, self.metadata)
+        return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
+                           self.path, self.fallback_reason, exported, "off: exported programs")
+
+    def __getitem__(self, name: str) -> Callable:
+        return self.runners[name]
+
+    @property
+    def model(self) -> Callable:
+        return self.runners["model"]
+
+    @property
+    def transforms(self) -> Callable:
+        return self.runners["transforms"]
+
+    def encode_prompts(self, prompts: list[str]):
+        from .tokenizer import encode_prompts
+
+        return encode_prompts(prompts, self.merges_text)
+
+
+class AotiRunner:
+    """One AOTI model from torch's C++ package loader, called with tensors (what torch's `AOTICompiledModel`
+    does, without importing torch.export's serializer: 3 s). Inputs are made contiguous: the runner reads
+    dense row-major memory, and a permuted view (an HWC image turned CHW) would be read wrongly, silently."""
+
+    def __init__(self, path: Path, name: str, single_threaded: bool = False):
+        import torch
+        from torch.utils import _pytree
+
+        # (path, model name, run_single_threaded, number of runners, device index): single-threaded for graphs
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, single_threaded, 1, -1)
+        self.out_spec = _pytree.treespec_loads(self.loader.get_call_spec()[1])
+
+    def __call__(self, *args):
+        from torch.utils import _pytree
+
+        return _pytree.tree_unflatten(self.loader.boxed_run([a.contiguous() for a in args]), self.out_spec)
+
+
+def _describe(t) -> str:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device.type}"
+
+
+def check_images(images, device: str, side: int | None = None) -> None:
+    """float32 [B, 3, H, W] (H = W = side for the model) on the package's device, B >= 1."""
+    import torch
+
+    want = f"float32 [batch, 3, {side or 'height'}, {side or 'width'}] on {device}"
+    ok = (isinstance(images, torch.Tensor) and images.dtype == torch.float32 and images.dim() == 4
+          and images.shape[1] == 3 and images.device.type == device
+          and (images.shape[2:] == (side, side) if side else min(images.shape[2:]) >= 2))
+    if not ok:
+        hint = "the output of transforms" if side else "RGB pixels in [0, 255], channels first"
+        raise InputError(f"images must be {want}, got {_describe(images)}: pass {hint}")
+    if images.shape[0] == 0:
+        raise InputError("images holds no image (batch 0): pass at least one")
+
+
+def check_token_ids(token_ids, device: str, context: int, vocab: int) -> None:
+    """int64 [P, context] on the package's device, P >= 1, every id a token of the vocabulary."""
+    import torch
+
+    if not (isinstance(token_ids, torch.Tensor) and token_ids.dtype == torch.int64 and token_ids.dim() == 2
+            and token_ids.shape[1] == context and token_ids.device.type == device):
+        raise InputError(f"token_ids must be int64 [num_prompts, {context}] on {device}, got {_describe(token_ids)}: "
+                         "use encode_prompts")
+    if token_ids.shape[0] == 0:
+        raise InputError("token_ids holds no prompt (num_prompts 0): pass at least one")
+    if bool(((token_ids < 0) | (token_ids >= vocab)).any()):
+        raise InputError(f"token_ids holds ids outside [0, {vocab}): use encode_prompts or a CLIP BPE tokenizer")
+
+
+class CheckedModel:
+    """`model(images, token_ids)` with one-line errors for inputs it cannot take, before native code runs."""
+
+    def __init__(self, runner: Callable, metadata: dict):
+        model = metadata.get("models", {}).get("model", {})
+        tokenizer = metadata.get("tokenizer", {})
+        self.runner, self.device = runner, metadata.get("device", "cpu")
+        self.graph_runner = runner if isinstance(runner, CudaGraphRunner) else None
+        self.side = model.get("inputs", {}).get("images", {}).get("shape", [0, 0, 0])[2]
+        self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
+
+    def __call__(self, images, token_ids):
+        check_images(images, self.device, self.side)
+        check_token_ids(token_ids, self.device, self.context, self.vocab)
+        return self.runner(images, token_ids)
+
+
+class CheckedTransforms:
+    """`transforms(images)` with one-line errors for inputs it cannot take."""
+
+    def __init__(self, runner: Callable, metadata: dict):
+        self.runner, self.device = runner, metadata.get("device", "cpu")
+
+    def __call__(self, images):
+        check_images(images, self.device)
+        return self.runner(images)
+
+
+def device_problem(path: Path) -> str | None:
+    """Why the AOTI part cannot run here (None if it can): torch's loader accepts a CUDA package on a machine
+    without a GPU, or built for another GPU generation, and fails only at the first call."""
+    import torch
+
+    with zipfile.ZipFile(path) as archive:
+        built = [json.loads(archive.read(n)) for n in archive.namelist()
+                 if "/data/aotinductor/" in n and n.endswith(".wrapper_metadata.json")]
+    for meta in built:
+        if meta.get("AOTI_DEVICE_KEY") != "cuda":
+            continue
+        if not torch.cuda.is_available():
+            return "its AOTI part is built for CUDA and no GPU is usable here"
+        want = meta.get("AOTI_COMPUTE_CAPABILITY", "")
+        have = "".join(map(str, torch.cuda.get_device_capability()))
+        if want and want.replace(".", "") != have:
+            return f"its AOTI part is built for compute capability {want}, this GPU has {have}"
+    return None
+
+
+def _extraction_folders() -> set[Path]:
+    """torch's C++ loader unpacks a package into /tmp/XXXXXX and removes it only when a load succeeds."""
+    return {p for p in Path("/tmp").iterdir() if len(p.name) == 6 and p.is_dir()} if Path("/tmp").is_dir() else set()
+
+
+def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
+    """The AOTI models straight from torch's C++ package loader (those in `graphed` single-threaded, for
+    CUDA graphs). torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe
+    the CPU's vector ISA for a device-mismatch warning, compiling and loading test libraries in
+    `python -c "import torch"` subprocesses: 20-40 s on the H200, for CUDA packages too. The loader itself
+    takes under a second. A failed load leaves no folder behind."""
+    problem = device_problem(path)
+    if problem:
+        raise PackageError(problem)
+    before = _extraction_folders()
+    try:
+        return {name: AotiRunner(path, name, single_threaded=name in graphed) for name in MODEL_NAMES}
+    except Exception:
+        for folder in _extraction_folders() - before:
+            if any(folder.glob("*/data/aotinductor")):  # the unpacked package
+                shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def load_exported(path: Path, trust: bool = False) -> dict:
+    """The exported programs from the fallback archive beside the package."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    fallback = fallback_of(path)
+    if not fallback.is_file():
+        raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
+                           "rebuild it with `uv run doit package`")
+    check_package(fallback, trust=trust)
+    try:
+        programs = load_pt2(str(fallback)).exported_programs
+    except Exception as e:  # exported on a GPU, its weights want one too
+        raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
+                           f"use {path.name} where it was built ({_built_for(path)})") from None
+    missing = [n for n in MODEL_NAMES if n not in programs]
+    if missing:
+        raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
+    return programs
+
+
+def _built_for(path: Path) -> str:
+    metadata = json.loads(read_extra_files(path).get(METADATA_FILE, "{}"))
+    return f"{metadata.get('device', '?')}, {metadata.get('versions', {}).get('gpu') or 'any GPU'}"
+
+
+def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
+                 max_graphs: int | None = None) -> Sam3Package:
+    """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
+    The archive is checked against its recorded digests first (integrity.py); `trust` accepts a package
+    that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs.py`; at most
+    `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
+    that off."""
+    import torch
+
+    if torch.__version__ < "2.11":
+        import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages; 3 s)
+
+    path = Path(path)
+    if not path.is_file():
+        raise PackageError(f"no package at {path}: build it with `uv run doit package`")
+    fallback_reason, aoti, exported = None, {}, {}
+    extra = read_extra_files(path)
+    metadata = json.loads(extra.get(METADATA_FILE, "{}"))
+    check_package(path, trust=trust)
+    graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
+    if prefer_aoti:
+        try:
+            aoti = load_aoti_runners(path, graphed=("model",) if graphs else ())
+        except Exception as e:  # a package built for another device/ABI: use the exported programs
+            fallback_reason = first_line(e)
+            log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
+    if not aoti:
+        exported = load_exported(path, trust)
+    runners = {name: aoti[name] if name in aoti else exported[name].module() for name in MODEL_NAMES}
+    backends = {name: "aoti" if name in aoti else "exported" for name in MODEL_NAMES}
+    state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
+    if state == "on":
+        runners["model"] = CudaGraphRunner(runners["model"], max_graphs or DEFAULT_MAX_GRAPHS)
+    return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
+                       fallback_reason, exported, state)
+
+
+def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: bool) -> str:
+    """"on", or why the model runs without CUDA graphs."""
+    if not graphs:
+        if metadata.get("device") != "cuda":
+            return f"off: a {metadata.get('device', '?')} package"
+        return "off: cuda_graphs=False" if requested is False else f"off: {SWITCH}=0"
+    return "on" if aoti else "off: exported programs"
+
+
+def checked(runners: dict, metadata: dict) -> dict:
+    return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata)}

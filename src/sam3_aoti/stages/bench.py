@@ -1,0 +1,381 @@
+"""Stage `bench`: the yardstick. Latency of what users run today (Meta's `sam3` eager under bf16 autocast,
+transformers eager) against the exported program and the AOTI package with and without CUDA graphs, and
+how long each kind of consumer takes to load the package.
+
+At each (B, P) of `[bench] shapes`, on the same pixels and prompts: median and p90 of timed calls after
+warm-up (CUDA events on the GPU, wall clock on the CPU), images/s, peak working memory, FLOPs of one call
+(`FlopCounterMode` on the eager model) and the achieved share of the card's bf16 GEMM rate, measured in the
+same run. On the GPU also a kernel-category breakdown of one (2, 3) call with the launches per call.
+Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..pipeline.artifacts import record
+from ..pipeline.paths import ProfilePaths
+from ..pipeline.report import Report, Table, write_report
+from ..pipeline.schema import BENCH_COLUMNS as COLUMNS
+from ..pipeline.settings import Settings
+from ..runtime.files import write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+# Prompts the benched calls carry (the first P): real phrases, so Meta's model tokenizes what ours gets.
+PHRASES = ("a person", "a car", "a tree", "a building", "a swimming pool", "a road", "a boat", "a roof",
+           "a dog", "a bicycle", "a truck", "a field", "a river", "a bridge", "a solar panel", "a parking lot")
+PROFILE_SHAPE = (2, 3)  # the call whose kernels are broken down
+KERNEL_CATEGORIES = (  # first match wins, on the lower-cased kernel name
+    ("attention (SDPA)", ("flash", "fmha", "attention", "cudnn_generated", "sdpa")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "wgmma", "splitk")),
+    ("convolution", ("conv", "implicit", "winograd", "dgrad", "wgrad")),
+    ("Triton (fused pointwise/reductions)", ("triton",)),
+    ("copies", ("copy", "memcpy", "memset", "cat")),
+)
+
+
+def time_calls(fn, args, device: str, warmup: int, iters: int) -> list[float]:
+    """Milliseconds per call."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(*args)
+        times = []
+        for _ in range(iters):
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*args)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn(*args)
+                times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def measure(fn, args, device: str, warmup: int, iters: int) -> dict:
+    """Median and p90 ms and the peak memory the calls took beyond what was allocated before (CUDA)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    ms = time_calls(fn, args, device, warmup, iters)
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if device == "cuda" else None
+    return {"median_ms": round(statistics.median(ms), 2), "p90_ms": round(p90(ms), 2),
+            "peak_mib": round(peak, 1) if peak is not None else None}
+
+
+def flops_of(module, args) -> int:
+    """FLOPs of one call, counted by torch's FlopCounterMode (matmuls, convolutions, attention). Its module
+    tracker hooks autograd, which no_grad tensors of parameters that require grad trip over: they are
+    frozen for the count."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    counter = FlopCounterMode(display=False)
+    try:
+        for p in trainable:
+            p.requires_grad_(False)
+        with torch.no_grad(), counter:
+            module(*args)
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
+    return counter.get_total_flops()
+
+
+def gemm_tflops(iters: int = 10) -> float:
+    """The card's bf16 GEMM rate in this run: an 8192^3 product on random data, median of `iters`."""
+    import torch
+
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = statistics.median(time_calls(torch.matmul, (a, b), "cuda", 3, iters))
+    return round(2 * 8192**3 / (ms * 1e-3) / 1e12, 1)
+
+
+def kernel_breakdown(fn, args, calls: int = 5) -> dict:
+    """GPU time per kernel category and launches, per call, from torch.profiler over `calls` calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(*args)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start.record()
+            for _ in range(calls):
+                fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+    categories: dict[str, float] = {}
+    launches = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA or event.name.startswith(("Memcpy", "Memset")):
+            continue
+        launches += 1
+        name = event.name.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
+        categories[category] = categories.get(category, 0.0) + event.time_range.elapsed_us() / 1e3  # us -> ms
+    per_call = {c: round(ms / calls, 2) for c, ms in sorted(categories.items(), key=lambda kv: -kv[1])}
+    wall = start.elapsed_time(end) / calls
+    busy = sum(per_call.values())
+    return {"kernel_ms_per_call": per_call, "launches_per_call": round(launches / calls),
+            "wall_ms_per_call": round(wall, 2), "gpu_idle_ms_per_call": round(max(wall - busy, 0.0), 2)}
+
+
+# How each consumer loads a package: ours, torch's by name, and `load_pt2` as a production loader calls it.
+# torch's two with their CPU vector-ISA probe on (the default) cost 20-50 s per process on the H200 before any
+# byte of the package is read (README); `[bench] isa_probe_loaders = true` times them too.
+TORCH_LOAD = "from torch._inductor.package import load_package\nload = lambda p: load_package(p, '{}')"
+PT2_LOAD = "from torch.export.pt2_archive._package import load_pt2\nload = lambda p: load_pt2(p)"
+NO_ISA_PROBE = {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
+OURS = "from sam3_aoti import load_package\nload = lambda p: load_package(p)"
+LOADERS = {  # ours twice: the first start hashes the package, the next finds that check remembered
+    "sam3_aoti load_package, first start": (OURS, {}),
+    "sam3_aoti load_package, next start": (OURS, {}),
+    "torch load_package model, no ISA probe": (TORCH_LOAD.format("model"), NO_ISA_PROBE),
+    "load_pt2, no ISA probe": (PT2_LOAD, NO_ISA_PROBE),
+}
+ISA_PROBE_LOADERS = {
+    "torch load_package model": (TORCH_LOAD.format("model"), {}),
+    "torch load_package transforms": (TORCH_LOAD.format("transforms"), {}),
+    "load_pt2": (PT2_LOAD, {}),
+}
+LOAD_SCRIPT = """
+import json, sys, time, torch
+{loader}
+if sys.argv[2] == "cuda":
+    torch.zeros(1, device="cuda")  # a service has its CUDA context before it loads a model
+t0 = time.perf_counter()
+load(sys.argv[1])
+print(json.dumps(time.perf_counter() - t0))
+"""
+
+
+def load_seconds(package, device: str, with_isa_probe: bool) -> dict[str, float]:
+    """Seconds each consumer takes to load `package`, each in a fresh process, after one read of the
+    file so the page cache is warm (as on a service's second start)."""
+    with open(package, "rb") as f:
+        while f.read(1 << 26):
+            pass
+    src = str(Path(__file__).resolve().parents[1])  # this checkout's library for the first loader
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    loaders = {**LOADERS, **(ISA_PROBE_LOADERS if with_isa_probe else {})}
+    times = {}
+    with tempfile.TemporaryDirectory() as cache:  # an empty record of checked packages (integrity.py)
+        env["SAM3_AOTI_CACHE"] = cache
+        for name, (loader, extra_env) in loaders.items():
+            times.update(_load_in_fresh_process(name, loader, package, device, {**env, **extra_env}))
+    return times
+
+
+def _load_in_fresh_process(name, loader, package, device, env) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(loader=loader), str(package), device],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        log.warning("%s could not load the package: %s", name, (proc.stderr.strip().splitlines() or ["?"])[-1])
+        return {}
+    seconds = round(json.loads(proc.stdout.strip().splitlines()[-1]), 2)
+    log.info("load: %s %.2f s", name, seconds)
+    return {name: seconds}
+
+
+def meta_backend(settings: Settings):
+    """Meta's own SAM3 as its users run it (`sam3`, eager, bf16 autocast), on our weights; None where it
+    cannot run (not importable, not the full model, not a GPU)."""
+    import importlib.util
+
+    if settings.device != "cuda" or settings.architecture != "full" or importlib.util.find_spec("sam3") is None:
+        return None
+    import torch
+
+    from ..model.meta import meta_find_stage, meta_model, write_meta_checkpoint
+
+    write_meta_checkpoint(settings)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    model = meta_model(settings)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32  # the other columns' settings
+
+    def run(pixels, prompts: list[str]):
+        """All B x P pairs in one grounding call, the pair order of the package (image-major), with TF32 on
+        as Meta's import sets it."""
+        n, p = pixels.shape[0] * len(prompts), len(prompts)
+        ids = torch.arange(n, device="cuda")
+        find = meta_find_stage(ids // p, ids % p)
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+                backbone_out = {**model.backbone.forward_image(pixels),
+                                **model.backbone.forward_text(prompts, device="cuda")}
+                return model.forward_grounding(backbone_out=backbone_out, find_input=find,
+                                               geometric_prompt=model._get_dummy_prompt(n), find_target=None)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+    return run
+
+
+def bench_inputs(config, package, batch: int, prompts: int, device: str):
+    from ..model.wrapper import example_inputs
+
+    phrases = [PHRASES[i % len(PHRASES)] for i in range(prompts)]
+    images, _ = example_inputs(config, batch, 1, seed=batch, device=device)
+    return images, package.encode_prompts(phrases).to(device), phrases
+
+
+def run(settings: Settings) -> None:
+    import torch
+
+    from ..model.checkpoints import eager_reference
+    from ..runtime.loader import load_package
+
+    paths, opts = ProfilePaths.of(settings), settings.stage("bench")
+    cuda = settings.device == "cuda"
+    columns = set(opts["columns"])
+    package = load_package(paths.package, cuda_graphs=False)
+    loads = load_seconds(paths.package, settings.device, opts["isa_probe_loaders"]) if opts["load_times"] else {}
+    t0 = time.perf_counter()
+    exported = package.exported_only()
+    fallback_s = time.perf_counter() - t0
+    log.info("load: exported-program fallback %.2f s", fallback_s)
+    eager, _ = eager_reference(settings)  # also what FLOPs are counted on
+    backends = {COLUMNS[c]: fn for c, fn in
+                [("transformers", eager), ("exported", exported.model), ("aoti", package.model)] if c in columns}
+    graphed = None
+    if cuda and "aoti_graphs" in columns:
+        graphed = load_package(paths.package, cuda_graphs=True, max_graphs=len(opts["shapes"]))
+        backends[COLUMNS["aoti_graphs"]] = graphed.model
+    meta = meta_backend(settings) if "meta" in columns else None
+    if cuda and meta is None and "meta" in columns:
+        log.info("Meta's sam3 is not importable here (or not the full model): its column is left out")
+    gemm = gemm_tflops() if cuda else None
+    if gemm:
+        log.info("bf16 GEMM 8192^3 on this card: %.0f TFLOP/s", gemm)
+    rows, breakdown = [], None
+    for b, p in opts["shapes"]:
+        images, token_ids, phrases = bench_inputs(eager.model.config, package, b, p, settings.device)
+        flops = flops_of(eager, (images, token_ids))
+        row = {"batch": b, "prompts": p, "flop": flops, "backends": {}}
+        calls = {name: (fn, (images, token_ids)) for name, fn in backends.items()}
+        if meta is not None:
+            calls = {COLUMNS["meta"]: (meta, (images, phrases)), **calls}
+        for name, (fn, args) in calls.items():
+            result = measure(fn, args, settings.device, opts["warmup"], opts["iters"])
+            result["images_per_s"] = round(b / (result["median_ms"] / 1e3), 1)
+            if gemm:
+                result["share_of_gemm_rate"] = round(flops / (result["median_ms"] * 1e-3) / 1e12 / gemm, 3)
+            row["backends"][name] = result
+            log.info("B=%d P=%d %-32s median %8.2f ms  p90 %8.2f ms", b, p, name, result["median_ms"], result["p90_ms"])
+        rows.append(row)
+        if cuda and (b, p) == PROFILE_SHAPE:
+            breakdown = kernel_breakdown(package.model, (images, token_ids))
+            log.info("kernels of one AOTI call at %s: %s", PROFILE_SHAPE, breakdown)
+        if cuda:
+            torch.cuda.empty_cache()
+    info = {"profile": settings.profile, "device": settings.device, "precision": settings.precision,
+            "weights": settings.weights, "date": time.strftime("%Y-%m-%d"),
+            "package_bytes": paths.package.stat().st_size, "fallback_bytes": paths.fallback_package.stat().st_size,
+            "load_seconds": loads, "fallback_load_seconds": round(fallback_s, 2),
+            "gpu": torch.cuda.get_device_name(0) if cuda else None, "bf16_gemm_tflops": gemm,
+            "versions": package.metadata.get("versions", {}), "torch": torch.__version__,
+            "warmup": opts["warmup"], "iters": opts["iters"], "rows": rows, "aoti_kernels_at_2x3": breakdown,
+            "cuda_graphs": graphed and {"captures": graphed.graph_runner.captures,
+                                        "failed": graphed.graph_runner.failed}}
+    write_bytes_atomic(paths.bench_plot, plot(rows, f"{settings.profile} {settings.precision} on {info['gpu'] or 'cpu'}"))
+    write_report(bench_report(settings, info), paths.bench_json, paths.bench_md)
+    record(paths.manifest, "bench", [paths.bench_json, paths.bench_md, paths.bench_plot], settings.fingerprint("bench"))
+    log.info("table: %s", paths.bench_md)
+
+
+def bench_report(settings: Settings, info: dict) -> Report:
+    rows = info["rows"]
+    names = list(rows[0]["backends"]) if rows else []
+    latency = Table("Latency", ["B", "P", "GFLOP", *(f"{n} ms (p90)" for n in names), "best images/s",
+                                "best share of GEMM rate", "best peak MiB"], [])
+    for r in rows:
+        best = min(r["backends"].values(), key=lambda v: v["median_ms"])
+        latency.rows.append([r["batch"], r["prompts"], f"{r['flop'] / 1e9:.4g}",
+                             *(f"{v['median_ms']} ({v['p90_ms']})" for v in r["backends"].values()),
+                             best["images_per_s"], f"{best['share_of_gemm_rate']:.0%}" if "share_of_gemm_rate" in best else "-",
+                             best["peak_mib"] if best["peak_mib"] is not None else "-"])
+    loads = Table("Load (fresh process each, page cache warm)", ["consumer", "seconds"],
+                  [[k, v] for k, v in info["load_seconds"].items()] + [["exported-program fallback", info["fallback_load_seconds"]]])
+    tables = [latency, loads] if info["load_seconds"] else [latency]
+    kernels = info.get("aoti_kernels_at_2x3")
+    if kernels:
+        tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",
+                            ["category", "ms per call"],
+                            [[c, ms] for c, ms in kernels["kernel_ms_per_call"].items()]
+                            + [["GPU idle between kernels", kernels["gpu_idle_ms_per_call"]],
+                               ["wall (CUDA events)", kernels["wall_ms_per_call"]],
+                               ["launches per call", kernels["launches_per_call"]]]))
+    gemm = f"; this card's bf16 GEMM rate in this run: {info['bf16_gemm_tflops']} TFLOP/s" if info["bf16_gemm_tflops"] else ""
+    notes = [f"{info['date']}, weights {info['weights']}: median (p90) of {info['iters']} calls after {info['warmup']} "
+             f"warm-up, same pixels and prompts for every column{gemm}. 'best' is the fastest column of the row.",
+             f"Package {info['package_bytes'] / 1e9:.2f} GB, fallback beside it {info['fallback_bytes'] / 1e9:.2f} GB."]
+    if settings.spec.reference != settings.precision:
+        notes.append(f"An {settings.precision} build: 'transformers eager' is the {settings.spec.reference} model "
+                     "(verify's reference), and FLOPs are its.")
+    return Report(f"Bench: {settings.profile} on {info['gpu'] or 'cpu'} ({settings.precision})", notes, None, tables,
+                  [("bench.png", "median ms per call")], data=info)
+
+
+def plot(rows: list[dict], title: str) -> bytes:
+    """Grouped bars, one group per (B, P), one bar per backend, as a PNG (PIL: no plotting dependency)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    names = list(rows[0]["backends"]) if rows else []
+    colors = ["#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
+    width, height, left, bottom, top = 900, 420, 60, 50, 40
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((left, 10), f"{title}: median ms per call", fill="black")
+    peak = max((v["median_ms"] for r in rows for v in r["backends"].values()), default=1.0)
+    group = (width - left - 20) / max(len(rows), 1)
+    bar = group * 0.8 / max(len(names), 1)
+    for gi, r in enumerate(rows):
+        x0 = left + gi * group + group * 0.1
+        for bi, name in enumerate(names):
+            ms = r["backends"][name]["median_ms"]
+            h = (height - bottom - top) * ms / peak
+            x = x0 + bi * bar
+            draw.rectangle([x, height - bottom - h, x + bar - 2, height - bottom], fill=colors[bi % len(colors)])
+            draw.text((x, height - bottom - h - 12), f"{ms:.0f}", fill="black")
+        draw.text((x0, height - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
+    for bi, name in enumerate(names):
+        draw.rectangle([left + bi * 150, height - 18, left + bi * 150 + 10, height - 8], fill=colors[bi % len(colors)])
+        draw.text((left + bi * 150 + 14, height - 20), name[:22], fill="black")
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+if __name__ == "__main__":
+    from ..pipeline.runner import main
+
+    main("bench", run, __doc__.splitlines()[0])

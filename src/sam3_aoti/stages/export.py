@@ -1,0 +1,177 @@
+"""Stage `export`: torch.export the grounding model and the image transforms, with dynamic batch/prompts.
+
+The exported programs are re-run at a (B, P) other than the trace example before the stage succeeds:
+one specialization only shows up at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import zipfile
+from pathlib import Path
+
+from ..errors import ExportError, first_line
+from ..pipeline.artifacts import record
+from ..pipeline.paths import ProfilePaths
+from ..pipeline.settings import Settings
+from ..runtime.archive import archive_entries
+from ..runtime.files import atomic_output, human_size, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+
+def export_model(wrapper, example_args, batch_name="batch", prompts_name="num_prompts"):
+    import torch
+    from torch.export import Dim
+
+    dynamic = {"images": {0: Dim(batch_name, min=1)}, "token_ids": {0: Dim(prompts_name, min=1)}}
+    with torch.no_grad():
+        return torch.export.export(wrapper, example_args, dynamic_shapes=dynamic)
+
+
+def export_transforms(module, example_image):
+    import torch
+    from torch.export import Dim
+
+    dynamic = {"images": {0: Dim("batch", min=1), 2: Dim("height", min=2), 3: Dim("width", min=2)}}
+    with torch.no_grad():
+        return torch.export.export(module, (example_image,), dynamic_shapes=dynamic)
+
+
+def check_against_eager(name: str, program, eager, args, atol: float) -> float:
+    """Run the exported program at new shapes; it must run and agree with eager."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            got = program.module()(*args)
+        except Exception as e:
+            shapes = [tuple(a.shape) for a in args]
+            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from e
+        want = eager(*args)
+    got, want = (got,) if torch.is_tensor(got) else got, (want,) if torch.is_tensor(want) else want
+    worst = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
+    if not worst <= atol:
+        raise ExportError(f"exported {name} drifts from eager by {worst:.3g} (> {atol}) at shapes "
+                          f"{[tuple(a.shape) for a in args]}: the export changed the model's behaviour")
+    return worst
+
+
+def run(settings: Settings) -> None:
+    import torch
+
+    from ..model.checkpoints import load_model
+    from ..model.wrapper import ImageTransforms, Sam3Grounding, example_inputs
+
+    paths, opts = ProfilePaths.of(settings), settings.stage("export")
+    device = torch.device(settings.device)
+    if settings.spec.fp8_parts:
+        from ..model.fp8 import check_fp8_device
+
+        if reason := check_fp8_device(device):
+            raise ExportError(f"precision={settings.precision}: {reason}; build precision=bf16 on this machine")
+    model = load_model(settings).to(device)
+    config = model.config
+    wrapper = Sam3Grounding.at(model, settings.spec, masked_attention=opts["masked_attention"],
+                               box_path_attention=opts["box_path_attention"]).eval()
+    atol = settings.spec.export_atol
+
+    example = example_inputs(config, opts["example_batch"], opts["example_prompts"], device=device)
+    log.info("exporting model at example (B, P) = (%d, %d)", *(a.shape[0] for a in example))
+    t0 = time.perf_counter()
+    try:
+        model_ep = export_model(wrapper, example)
+    except Exception as e:
+        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
+    export_s = time.perf_counter() - t0
+    log.info("model exported in %.1f s", export_s)
+    for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
+        diff = check_against_eager("model", model_ep, wrapper, example_inputs(config, b, p, seed=1, device=device), atol)
+        log.info("re-run at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
+
+    image_size = config.vision_config.backbone_config.image_size
+    transforms = ImageTransforms(image_size).eval()
+    seeded = torch.Generator().manual_seed(0)  # the example is stored in the archive: same inputs, same bytes
+    example_image = (torch.rand(*opts["transforms_example_size"], generator=seeded) * 255).to(device)
+    try:
+        transforms_ep = export_transforms(transforms, example_image)
+    except Exception as e:
+        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
+    check_image = (torch.rand(1, 3, 97, 150, generator=seeded) * 255).to(device)
+    check_against_eager("transforms", transforms_ep, transforms, (check_image,), 1e-5)
+
+    programs = {"model": model_ep, "transforms": transforms_ep}
+    with atomic_output(paths.exported) as tmp:
+        save_programs(programs, tmp)
+    log.info("saved %s (%s)", paths.exported, human_size(paths.exported.stat().st_size))
+    digest = program_digest(paths.exported, programs)
+    changed = write_if_changed(paths.program_digest, json.dumps(digest, indent=2, sort_keys=True) + "\n")
+    log.info("program digest %s (%s)", digest["sha256"][:12],
+             "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
+    record(paths.manifest, "export", [paths.exported, paths.program_digest], {
+        "export_seconds": round(export_s, 2), "image_size": image_size, **settings.fingerprint("export"),
+    })
+
+
+def save_programs(programs: dict, path) -> None:
+    """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
+    and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
+    program digest) is left out."""
+    from torch.export.pt2_archive._package import package_pt2
+    from torch.fx import GraphModule
+
+    for program in programs.values():
+        for module in program.graph_module.modules():
+            if isinstance(module, GraphModule):
+                for node in module.graph.nodes:
+                    node.meta.pop("stack_trace", None)
+    package_pt2(str(path), exported_programs=programs)
+
+
+# Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
+# compiled code does not depend on them, so the program digest leaves them out.
+VALUE_ENTRIES = ("data/weights/weight_", "data/constants/tensor_", "data/sample_inputs/", ".data/serialization_id")
+
+
+def program_digest(archive: Path, programs: dict) -> dict:
+    """Everything AOTInductor's output depends on, and nothing it does not: the serialized graphs,
+    signatures, dynamic ranges and weight layouts (dtype, shape, stride, offset), plus the example shapes
+    it tunes for. A new seed or checkpoint of the same architecture gives the same digest."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(archive) as zf:
+        for inner, name in sorted(archive_entries(zf).items()):
+            if not inner.startswith(VALUE_ENTRIES):
+                h.update(inner.encode() + b"\0" + zf.read(name) + b"\0")
+    signature = {name: io_signature(program) for name, program in programs.items()}
+    h.update(json.dumps(signature, sort_keys=True).encode())
+    return {"sha256": h.hexdigest(), "programs": signature}
+
+
+def io_signature(program) -> dict:
+    """Input and output shapes and dtypes at the trace example (the metadata of the package)."""
+    import torch
+
+    args, _ = program.example_inputs
+    with torch.no_grad():
+        outputs = program.module()(*args)
+    outputs = (outputs,) if torch.is_tensor(outputs) else outputs
+    described = [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in outputs]
+    return {"example_inputs": [{"shape": list(a.shape), "dtype": str(a.dtype).removeprefix("torch.")} for a in args],
+            "outputs": described}
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Leave an equal file untouched, so its consumers see no change at all (early cutoff)."""
+    if path.exists() and path.read_text() == text:
+        return False
+    write_text_atomic(path, text)
+    return True
+
+
+if __name__ == "__main__":
+    from ..pipeline.runner import main
+
+    main("export", run, __doc__.splitlines()[0])

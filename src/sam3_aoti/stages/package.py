@@ -1,0 +1,152 @@
+"""The PT2 archive: stage `package` writes it, `load_package` loads it with nothing but torch.
+
+`sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code; the weights once, in the blob
+AOTInductor's own loader reads), `metadata.json` and the tokenizer's merges, and finds every consumer
+(`load_pt2`, torch's `load_package`, the C++ `AOTIModelPackageLoader`) its models by name. The exported
+programs, the fallback where the AOTI part cannot load, sit beside it in `sam3.exported.pt2`: inside,
+`load_pt2` would deserialize them (and a second copy of the weights) on every load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..aoti.weights_blob import write_weights_blob
+from ..errors import PackageError, first_line
+from ..pipeline.artifacts import check_free_space, mark, record
+from ..pipeline.paths import ProfilePaths, fallback_of
+from ..runtime.archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE
+from ..runtime.files import atomic_output, human_size, sha256
+from ..runtime.integrity import digest_file, write_digest
+from ..runtime.loader import load_aoti_runners
+
+log = logging.getLogger(__name__)
+
+
+def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
+    from ..pipeline.settings import package_version
+    from ..runtime import contract
+    from ..runtime.tokenizer import CONTEXT_LENGTH, END, PAD, SPECIAL_TOKENS, START
+
+    model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
+    images, _ = model_io["example_inputs"]
+    side = images["shape"][2:]
+    return {
+        "format": contract.METADATA_FORMAT,
+        "profile": settings.profile,
+        "variant": settings.variant,
+        "weights": settings.weights,
+        "random_weights": settings.weights == "random",
+        "precision": settings.precision,
+        "fp32_parts": list(settings.spec.fp32_parts),
+        "fp8_parts": list(settings.spec.fp8_parts),
+        "device": settings.device,
+        "models": {
+            "model": {
+                "inputs": {
+                    "images": {"shape": ["batch", 3, *side], "dtype": "float32"},
+                    "token_ids": {"shape": ["num_prompts", CONTEXT_LENGTH], "dtype": "int64"},
+                },
+                "outputs": {name: {"shape": ["batch*num_prompts", *o["shape"][1:]], "dtype": o["dtype"]}
+                            for name, o in zip(contract.OUTPUT_NAMES, model_io["outputs"])},
+                "output_order": list(contract.OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
+                "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
+                "pairing": contract.PAIRING,
+            },
+            "transforms": {
+                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32",
+                                      "range": list(contract.IMAGE_RANGE)}},
+                "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
+                "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
+                "normalize": {"mean": contract.IMAGE_MEAN, "std": contract.IMAGE_STD, "after_scale": 1 / 255},
+                "resize": contract.RESIZE,
+            },
+        },
+        "box_format": contract.BOX_FORMAT,
+        "mask_format": contract.MASK_FORMAT,
+        "score": contract.SCORE,
+        "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
+                      "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0",
+                      "special_tokens": list(SPECIAL_TOKENS),
+                      "clean": "ftfy.fix_text, html.unescape twice, whitespace runs to one space, strip, lower case",
+                      "reference": "Meta's sam3/model/tokenizer_ve.py SimpleTokenizer (open_clip's)"},
+        "versions": {**index["platform"], "transformers": package_version("transformers")},
+        "inductor_options": index["inductor_options"],
+        "toolchain": index["toolchain"],
+        "fallback": fallback_of(paths.package).name,
+        "inputs_sha256": {
+            "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
+            "program": program["sha256"],
+        },
+        "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
+    }
+
+
+def check_aoti_loads(path: Path) -> None:
+    """A package whose AOTI models do not load here, where they were built, is no package."""
+    try:
+        load_aoti_runners(path)
+    except Exception as e:
+        raise PackageError(f"the fresh package's AOTI models do not load: {first_line(e)}") from e
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """The fallback is the export stage's archive as it is: a hard link where the filesystem allows."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def run(settings) -> None:
+    """Stage `package`: compiled code + the exported programs' current weights -> sam3.pt2 (seconds)."""
+    from torch.export.pt2_archive._package import package_pt2
+
+    paths = ProfilePaths.of(settings)
+    index = json.loads(paths.compiled_index.read_text())
+    program = json.loads(paths.program_digest.read_text())
+    if index["program_sha256"] != program["sha256"]:
+        raise PackageError("the compiled code is for another exported program: run `uv run doit compile`")
+    weights = sum(index["models"][n]["blob_bytes"] for n in MODEL_NAMES)
+    check_free_space({paths.package.parent: 2 * weights + (10 << 20)}, "package")  # the blob, then the archive
+    t0 = time.perf_counter()
+    with atomic_output(paths.fallback_package) as tmp:
+        link_or_copy(paths.exported, tmp)
+    write_digest(paths.fallback_package)
+    with atomic_output(paths.package) as tmp:
+        aoti_files, parts = {}, {}
+        for name in MODEL_NAMES:
+            compiled = index["models"][name]
+            files = [paths.compiled / name / f for f in compiled["files"]]
+            blob = tmp.parent / compiled["blob"]
+            if write_weights_blob(paths.exported, name, compiled, blob):
+                log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
+                files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
+            aoti_files[name] = [str(f) for f in files]
+            parts.update({f"data/aotinductor/{name}/{f.name}": sha256(f) for f in files})
+        metadata = build_metadata(settings, paths, index, program, parts)
+        package_pt2(str(tmp), aoti_files=aoti_files,
+                    extra_files={METADATA_FILE: json.dumps(metadata, indent=2, sort_keys=True),
+                                 VOCAB_FILE: paths.tokenizer_merges.read_text()})
+        log.info("archive written; checking that its AOTI models load")
+        check_aoti_loads(tmp)
+    write_digest(paths.package)
+    log.info("package %s (%s: weights %s once, code and metadata %s) in %.1f s; fallback %s", paths.package,
+             human_size(paths.package.stat().st_size), human_size(weights),
+             human_size(paths.package.stat().st_size - weights), time.perf_counter() - t0, paths.fallback_package.name)
+    record(paths.manifest, "package", [paths.package, paths.fallback_package, digest_file(paths.package),
+                                       digest_file(paths.fallback_package)], {
+        "weights_bytes": weights, "program_sha256": program["sha256"], **settings.fingerprint("package"),
+    })
+    mark(paths.manifest, "verify", verified=False)  # a new package is unverified until verify passes
+
+
+if __name__ == "__main__":
+    from ..pipeline.runner import main
+
+    main("package", run, __doc__.splitlines()[0])

@@ -1,0 +1,173 @@
+"""Stage `verify`: may this package ship? AOTI (and its exported-program fallback) against eager.
+
+Runs the dynamic-shape sweep on random inputs and every case on real photographs; each check is one
+✓/✗ row in report.md / report.json, and any ✗ fails the task and leaves the package unverified.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import DriftError
+from ..model.reference import ReferenceCache
+from ..pipeline.artifacts import mark, record
+from ..pipeline.paths import ProfilePaths
+from ..pipeline.report import Check, Gate, Report, apply_gates, margin, summarize, write_report
+from ..pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+# Pearson r only where it means something: the dense outputs. Boxes of a random model sit in a narrow range
+# and presence is one scalar per (image, prompt), so their r is noise over near-equal values (H200, bf16:
+# presence r = -0.5 over 3 prompts, |diff| <= 2.4e-4); max |diff| gates them.
+PEARSON_OUTPUTS = ("pred_logits", "pred_masks")
+
+# score-level checks: (gate on a metric of metrics.compare, its tolerance key)
+SCORE_GATES = [
+    (Gate("top-1 score |diff|", "top1_score_abs", "<="), "top1_score_abs"),
+    (Gate("top-5 index overlap (worst pair)", "top5_overlap", ">="), "top5_overlap_min"),
+    (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
+    (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),  # pixels with |ref logit| >= mask_band
+]
+
+
+def output_limit(tol: dict, reference_max: float, name: str | None = None) -> float:
+    """max |diff| allowed for one output: an absolute floor plus a share of the output's own magnitude, so a
+    limit means the same for presence logits of 2e-4 (the tiny model) and mask logits of 20. An output's own
+    table (`per_output.<name>`) overrides both: boxes, in pixels, want an absolute limit."""
+    own = {**tol, **tol.get("per_output", {}).get(name, {})}
+    return float(f"{own['max_abs'] + own.get('max_rel', 0.0) * reference_max:.3g}")
+
+
+def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
+    """One row per output (max |diff|), per dense output (pearson r) and per score-level metric."""
+    from ..runtime.contract import OUTPUT_NAMES
+
+    rows = [Gate(f"{name} max|diff|", "max_abs", "<=").check(
+        metrics[name]["max_abs"], output_limit(tol, metrics[name].get("ref_max_abs", 0.0), name), backend, case)
+        for name in OUTPUT_NAMES]
+    rows += [Gate(f"{name} pearson r", "pearson", ">=").check(metrics[name]["pearson"], tol["pearson_min"], backend, case)
+             for name in PEARSON_OUTPUTS]
+    return rows + apply_gates(metrics, [(g, tol[key]) for g, key in SCORE_GATES], backend, case)
+
+
+def expected_shapes(config, n: int) -> list[tuple]:
+    queries = config.detr_decoder_config.num_queries
+    side = 4 * config.vision_config.backbone_config.image_size // config.vision_config.backbone_config.patch_size
+    return [(n, queries, 1), (n, queries, 4), (n, queries, side, side), (n, 1)]
+
+
+def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
+    shapes = [tuple(s) for s in opts["shapes"]]
+    if opts.get("largest_shape") and tuple(opts["largest_shape"]) not in shapes:
+        shapes.append(tuple(opts["largest_shape"]))
+    return shapes
+
+
+def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases, cache) -> list[Check]:
+    import torch
+
+    from ..model.wrapper import example_inputs
+    from ..pipeline.metrics import compare
+    from ..runtime.postprocess import to_tensor
+
+    opts = settings.stage("verify")
+    tol = opts["tolerances"][settings.spec.tolerances]
+    band = tol.get("mask_band", 0.0)
+    device = torch.device(settings.device)
+    config = eager.model.config
+    backends = {"aoti": package, "exported": fallback}
+    rows: list[Check] = []
+    with torch.no_grad():
+        for b, p in sweep_shapes(opts):
+            label = f"sweep B={b} P={p}"
+            args = example_inputs(config, b, p, seed=b * 10 + p, device=device)
+            reference = cache.get(args, eager)
+            want = expected_shapes(config, b * p)
+            for backend, pkg in backends.items():
+                out = pkg.model(*args)
+                got = [tuple(o.shape) for o in out]
+                rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
+                                  "as expected", got == want))
+                if got == want:
+                    rows += gate(compare(out, reference, mask_band=band), tol, backend, label)
+        for case in cases:
+            image = to_tensor(case.load_image(), device)
+            token_ids = package.encode_prompts(list(case.prompts)).to(device)
+            ref_images = eager_transforms(image)
+            reference = cache.get((ref_images, token_ids), eager)
+            for backend, pkg in backends.items():
+                images = pkg.transforms(image)
+                diff = float((images - ref_images).abs().max())
+                rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
+                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=band), tol, backend, case.name)
+    return rows
+
+
+def pictures(cases) -> list[tuple[str, str]]:
+    """The PNGs `render` makes, by name, with captions."""
+    figures = [("../render/scores.png", "AOTI vs eager score of every query of every case")]
+    for case in cases:
+        figures += [(f"../render/{case.name}.png", f"{case.name}: {', '.join(case.prompts)} (left eager, right AOTI)"),
+                  (f"../render/{case.name}_mask_diff.png", f"{case.name}: top mask, |AOTI - eager| after sigmoid")]
+    return figures
+
+
+def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], backends: dict, cases) -> Report:
+    note = (f"Package `{paths.package.name}`, weights `{settings.weights}`"
+            + (" (random init: outputs mean nothing, drift still does)" if settings.weights == "random" else "")
+            + ". In the pictures, left of each case: eager transformers; right: the AOTI package."
+            + (f" Reference: the {settings.spec.reference} model, so every row is the accuracy cost of "
+               f"{settings.spec.summary}." if settings.spec.reference != settings.precision else ""))
+    tolerances = settings.stage("verify")["tolerances"][settings.spec.tolerances]  # so a later change can re-gate it
+    return Report(f"Verify: {settings.profile} ({settings.device}, {settings.precision})", [note], rows,
+                  figures=pictures(cases), data={"backends": backends, "tolerances": tolerances})
+
+
+def run(settings: Settings) -> None:
+    from ..model.checkpoints import eager_reference
+    from ..pipeline.cases import load_cases
+    from ..runtime.loader import load_package
+
+    paths = ProfilePaths.of(settings)
+    mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
+    cases = load_cases()  # a broken case image fails here, not after the models loaded
+    package = load_package(paths.package)
+    if package.fallback_reason:
+        raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
+                         f"rebuild with `uv run doit compile device={settings.device}`")
+    fallback = package.exported_only()
+    if settings.spec.strict_fp32:  # PyTorch runs cuDNN convolutions in TF32 by default: compare real fp32
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+    eager, transforms = eager_reference(settings)
+    log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
+             package.backends)
+    cache = ReferenceCache.of(settings)
+    rows = run_checks(settings, package, fallback, eager, transforms, cases, cache)
+    log.info("eager reference: %d of %d from cache", cache.hits, len(sweep_shapes(settings.stage("verify"))) + len(cases))
+    cache.prune()
+    for r in rows:
+        log.debug("%s", r.line())
+    for line in summarize(rows):
+        (log.error if line.startswith("✗") else log.info)("%s", line)
+    failed = [r for r in rows if not r.ok]
+    write_report(verify_report(settings, paths, rows, package.backends, cases), paths.verify_report_json,
+                 paths.verify_report_md, paths.verify_report_html)
+    record(paths.manifest, "verify", [paths.verify_report_json, paths.verify_report_md, paths.verify_report_html], {
+        "verified": not failed, "package_sha256": package.metadata.get("inputs_sha256"),
+        **settings.fingerprint("verify"),
+    })
+    log.info("report: %s (with the pictures: %s)", paths.verify_report_md, paths.verify_report_html)
+    if failed:
+        worst = min(failed, key=margin)
+        raise DriftError(f"{len(failed)}/{len(rows)} checks failed, worst: {worst.backend} {worst.case} "
+                         f"{worst.metric} = {worst.value} (limit {worst.limit}); see {paths.verify_report_md}")
+
+
+if __name__ == "__main__":
+    from ..pipeline.runner import main
+
+    main("verify", run, __doc__.splitlines()[0])
