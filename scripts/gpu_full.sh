@@ -226,7 +226,7 @@ pack() {
         ls -l "$root"/*/package > "$staging/${name//\//_}/package-ls.txt" 2>/dev/null
         cp "${root%/artifacts}/toolkit.txt" "$staging/${name//\//_}/" 2>/dev/null
         for package in "$root"/*/package/sam3.pt2; do
-            [[ -f $package ]] && (cd "${root%/artifacts}" && PYTHONPATH=/tmp/sam3-site:src python3 -m sam3_aoti.cli info \
+            [[ -f $package ]] && (cd "${root%/artifacts}" && PYTHONPATH=/tmp/sam3-site:src python3 -m sam3_aoti info \
                 "$package" > "$staging/${name//\//_}/info.txt" 2>&1)
         done
     done

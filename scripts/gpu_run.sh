@@ -5,7 +5,7 @@
 # `uv sync` would install them into a venv.
 # Usage: scripts/gpu_run.sh [doit arguments...]
 #        scripts/gpu_run.sh --pytest [pytest arguments...]
-#        scripts/gpu_run.sh --python [python arguments...]     (e.g. -m sam3_aoti.verify --profile sam3)
+#        scripts/gpu_run.sh --python [python arguments...]     (e.g. -m sam3_aoti.stages.verify --profile sam3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=/tmp/sam3-site CUDA_SITE=/tmp/sam3-cuda-site

@@ -13,12 +13,13 @@ import time
 
 import torch
 
-from sam3_aoti.cases import load_cases
-from sam3_aoti.config import load_settings
-from sam3_aoti.parity import case_row, meta_model, meta_outputs, write_meta_checkpoint
-from sam3_aoti.postprocess import to_tensor
-from sam3_aoti.tokenizer import encode_prompts
-from sam3_aoti.weights import eager_reference
+from sam3_aoti.pipeline.cases import load_cases
+from sam3_aoti.pipeline.settings import load_settings
+from sam3_aoti.stages.parity import case_row
+from sam3_aoti.model.meta import meta_model, meta_outputs, write_meta_checkpoint
+from sam3_aoti.runtime.postprocess import to_tensor
+from sam3_aoti.runtime.tokenizer import encode_prompts
+from sam3_aoti.model.checkpoints import eager_reference
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_meta_parity import images, run_meta_reference  # noqa: E402
 
-from sam3_aoti.model import ImageTransforms  # noqa: E402
+from sam3_aoti.model.wrapper import ImageTransforms
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 A synthetic model with SAM3's weight volume (24 bf16 Linear(5120, 5120), 1.26 GB) is AOT-compiled three ways:
 weights in the shared object (torch's default), appended to it and mmapped (`force_mmap_weights`), and in a
 separate blob (`binary_blob`, what `compile` does). Each package is then loaded in a fresh process by torch's
-C++ loader (what `sam3_aoti.package.load_package` uses), and the blob package also by torch's Python loaders,
+C++ loader (what `sam3_aoti.load_package` uses), and the blob package also by torch's Python loaders,
 with and without their CPU vector-ISA probe (TORCHINDUCTOR_VEC_ISA_OK=0).
 Usage: python scripts/probe_load.py OUTDIR     (prints one line per measurement)
 """

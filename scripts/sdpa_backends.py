@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sam3_aoti.bench import time_calls
-from sam3_aoti.model import dense_mask
+from sam3_aoti.stages.bench import time_calls
+from sam3_aoti.model.wrapper import dense_mask
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}

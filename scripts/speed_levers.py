@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sam3_aoti.bench import time_calls
-from sam3_aoti.fp8 import quantize_rows  # the package's own quantization
-from sam3_aoti.model import dense_mask
+from sam3_aoti.stages.bench import time_calls
+from sam3_aoti.model.fp8 import quantize_rows
+from sam3_aoti.model.wrapper import dense_mask
 
 TOKENS = 2 * 72 * 72
 VIT_LINEARS = {"qkv": (1024, 3072), "proj": (1024, 1024), "fc1": (1024, 4736), "fc2": (4736, 1024)}

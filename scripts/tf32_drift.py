@@ -6,13 +6,13 @@ import sys
 
 import torch
 
-from sam3_aoti.cases import load_cases
-from sam3_aoti.config import load_settings
-from sam3_aoti.contract import OUTPUT_NAMES
-from sam3_aoti.package import load_package
-from sam3_aoti.paths import ProfilePaths
-from sam3_aoti.postprocess import to_tensor
-from sam3_aoti.weights import eager_reference
+from sam3_aoti.pipeline.cases import load_cases
+from sam3_aoti.pipeline.settings import load_settings
+from sam3_aoti.runtime.contract import OUTPUT_NAMES
+from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.pipeline.paths import ProfilePaths
+from sam3_aoti.runtime.postprocess import to_tensor
+from sam3_aoti.model.checkpoints import eager_reference
 
 
 def main() -> None:

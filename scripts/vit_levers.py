@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The ViT trunk's next speed levers on SAM3's own shapes, each measured alone (GPU, bf16, torch.compile):
 Inductor's max-autotune GEMMs (Triton templates with fused epilogues against cuBLAS), one fused q/k/v
-projection per layer instead of three, and fp8 linears (sam3_aoti.fp8) with and without the fused projection
+projection per layer instead of three, and fp8 linears (sam3_aoti.model.fp8) with and without the fused projection
 (which quantizes each layer's input once instead of three times).
 
 The trunk is SAM3's ViT scaled to 8 of its 32 layers, keeping its ratio of windowed to global layers (7:1):
@@ -42,7 +42,7 @@ VARIANTS = [  # name, inductor options, fused q/k/v, fp8 linears
 
 
 def trunk_config(tiny: bool):
-    from sam3_aoti.model import full_config, tiny_config
+    from sam3_aoti.model.wrapper import full_config, tiny_config
 
     vit = (tiny_config() if tiny else full_config()).vision_config.backbone_config
     if not tiny:
@@ -78,8 +78,8 @@ def fuse_qkv(trunk: nn.Module) -> None:
 
 
 def run_variant(base, pixels, options, fused, fp8, device):
-    from sam3_aoti.bench import kernel_breakdown, measure
-    from sam3_aoti.fp8 import quantize_linears
+    from sam3_aoti.stages.bench import kernel_breakdown, measure
+    from sam3_aoti.model.fp8 import quantize_linears
 
     model = copy.deepcopy(base)
     if fused:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from sam3_aoti.package import load_package
-from sam3_aoti.tokenizer import ClipTokenizer, encode_prompts
+from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.runtime.tokenizer import ClipTokenizer, encode_prompts
 
-from conftest import REPO, TINY
+from helpers import REPO, TINY
 
 # Any import of these fails in the consumer's process, as if they were not installed.
 BLOCKER = textwrap.dedent("""
@@ -75,7 +75,7 @@ def test_a_torch_only_consumer_runs_transforms_then_model(package_path, tmp_path
 
 def test_encode_prompts_needs_only_the_archive_and_torch(package_path, tmp_path):
     script = BLOCKER.replace('"sam3_aoti", ', "") + textwrap.dedent("""
-        from sam3_aoti.package import load_package
+        from sam3_aoti import load_package
         print(load_package(sys.argv[1]).encode_prompts(["a truck", "Solar-panels, 2 roofs!"]).tolist())
     """)
     (tmp_path / "encode.py").write_text(script)
@@ -88,7 +88,7 @@ def test_encode_prompts_needs_only_the_archive_and_torch(package_path, tmp_path)
 
 def predict(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "predict", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "sam3_aoti", "predict", *args], cwd=cwd, env=env,
                           capture_output=True, text=True)
 
 
@@ -120,7 +120,7 @@ def test_predict_bad_input_is_one_line(package_path, tmp_path):
 
 def info(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "info", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "sam3_aoti", "info", *args], cwd=cwd, env=env,
                           capture_output=True, text=True)
 
 
@@ -163,13 +163,14 @@ def test_info_on_a_bad_file_is_one_line_and_exit_2(package_path, tmp_path):
 def test_predict_does_not_import_transformers_and_the_contract_not_torch(package_path, tmp_path):
     """`predict` is torch + the archive (transformers is a 20 s cold import); the contract imports no torch."""
     Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(tmp_path / "dark.png")
-    probe = ("import sys; from sam3_aoti.cli import main; import sam3_aoti.contract; "
+    probe = ("import sys; from sam3_aoti.runtime.cli import main; import sam3_aoti.runtime.contract; "
              f"main(['predict', {str(package_path)!r}, '--image', 'dark.png', '--prompt', 'a car']); "
-             "print(sorted(m for m in ('transformers', 'sam3_aoti.model', 'sam3_aoti.weights') if m in sys.modules))")
+             "print(sorted(m for m in ('transformers', 'doit', 'sam3_aoti.model', 'sam3_aoti.pipeline', 'sam3_aoti.stages') "
+             "if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
-    proc = subprocess.run([sys.executable, "-c", "import sys, sam3_aoti.contract; print('torch' in sys.modules)"],
+    proc = subprocess.run([sys.executable, "-c", "import sys, sam3_aoti.runtime.contract; print('torch' in sys.modules)"],
                           env=env, capture_output=True, text=True)
     assert proc.stdout.strip() == "False"

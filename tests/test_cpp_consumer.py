@@ -7,9 +7,9 @@ import subprocess
 import pytest
 import torch
 
-from sam3_aoti.package import load_package
+from sam3_aoti.runtime.loader import load_package
 
-from conftest import REPO, TINY
+from helpers import REPO, TINY
 
 TOKENS = [49406, 320, 1929, 49407]  # "a dog"
 

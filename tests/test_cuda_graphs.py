@@ -4,9 +4,9 @@ the switch. On a GPU, test_gpu.py compares the graphed package with the plain ru
 import pytest
 import torch
 
-from conftest import TINY
-from sam3_aoti.cuda_graphs import SWITCH, Captured, CudaGraphRunner, graphs_wanted
-from sam3_aoti.package import graphs_state, load_package
+from helpers import TINY
+from sam3_aoti.runtime.cuda_graphs import SWITCH, Captured, CudaGraphRunner, graphs_wanted
+from sam3_aoti.runtime.loader import graphs_state, load_package
 
 
 class ReplayedOnCpu(CudaGraphRunner):

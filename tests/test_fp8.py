@@ -1,4 +1,4 @@
-"""precision=fp8: the ViT's linears as rowwise-scaled fp8 GEMMs (sam3_aoti.fp8). The arithmetic and the rewrite
+"""precision=fp8: the ViT's linears as rowwise-scaled fp8 GEMMs (sam3_aoti.model.fp8). The arithmetic and the rewrite
 run on the CPU (the emulated product); `_scaled_mm` itself on a GPU with fp8 tensor cores."""
 
 import copy
@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from sam3_aoti.config import load_settings
+from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.fp8 import E4M3, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
-from sam3_aoti.model import Sam3Grounding, example_inputs, random_model, tiny_config
+from sam3_aoti.runtime.contract import FP8_PARTS
+from sam3_aoti.model.fp8 import E4M3, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
+from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs, random_model, tiny_config
 
 
 def test_rows_quantize_to_e4m3_with_one_scale_each():
@@ -49,7 +50,7 @@ def test_only_aligned_linears_are_swapped():
 def test_an_fp8_wrapper_quantizes_the_vit_linears_only_and_stays_near_bf16():
     model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
     bf16 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16).eval()
-    fp8 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_vit=True).eval()
+    fp8 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS).eval()
     swapped = [name for name, m in fp8.named_modules() if isinstance(m, Fp8Linear)]
     layers = model.config.vision_config.backbone_config.num_hidden_layers
     assert len(swapped) == 6 * layers  # q, k, v, o, fc1, fc2 of each ViT layer
@@ -93,9 +94,9 @@ def test_the_committed_h200_fp8_verify_report_passes_todays_gates():
     import re
     from collections import defaultdict
 
-    from conftest import REPO
-    from sam3_aoti.contract import OUTPUT_NAMES
-    from sam3_aoti.verify import gate
+    from helpers import REPO
+    from sam3_aoti.runtime.contract import OUTPUT_NAMES
+    from sam3_aoti.stages.verify import gate
 
     report = json.loads((REPO / "benchmarks" / "h200-2026-12-01-levers" / "verify-fp8.json").read_text())
     tol = load_settings(device="cpu").tables["verify"]["tolerances"]["fp8"]

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from conftest import REPO, copy_repo, executed, run_doit, stale
-from sam3_aoti.cuda_toolkit import load_pins
+from helpers import REPO, copy_repo, executed, run_doit, stale
+from sam3_aoti.toolchain.cuda_toolkit import load_pins
 
 # `SAM3_AOTI_TEST_TOOLKIT=machine` builds the tuned chain with the machine's toolkit (a GPU box without PyPI)
 TOOLKIT = [f"toolkit={os.environ['SAM3_AOTI_TEST_TOOLKIT']}"] if os.environ.get("SAM3_AOTI_TEST_TOOLKIT") else []
@@ -24,7 +24,7 @@ def test_tiny_pipeline_on_cuda(tmp_path):
         assert doctor["toolkit"]["source"] == "pip wheels", doctor["toolkit"]
     art = repo / "artifacts" / "tiny-fp32-cuda"
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
-    from sam3_aoti.package import load_package
+    from sam3_aoti.runtime.loader import load_package
 
     package = load_package(art / "package" / "sam3.pt2")
     assert package.backends == {"model": "aoti", "transforms": "aoti"}
@@ -73,8 +73,8 @@ def check_cuda_graphs(path):
     off); a shape seen again replays its graph, and at most max_graphs are kept."""
     import torch
 
-    from sam3_aoti.model import example_inputs, tiny_config
-    from sam3_aoti.package import load_package
+    from sam3_aoti.model.wrapper import example_inputs, tiny_config
+    from sam3_aoti.runtime.loader import load_package
 
     graphed, plain = load_package(path, max_graphs=2), load_package(path, cuda_graphs=False)
     assert graphed.cuda_graphs == "on" and plain.cuda_graphs == "off: cuda_graphs=False"

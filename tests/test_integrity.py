@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sam3_aoti import integrity
+from sam3_aoti.runtime import integrity
 from sam3_aoti.errors import PackageError
 
 

@@ -12,16 +12,16 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from sam3_aoti import verify
-from sam3_aoti.cases import load_cases
-from sam3_aoti.config import load_settings
-from sam3_aoti.meta_checkpoint import to_meta
-from sam3_aoti.contract import OUTPUT_NAMES
-from sam3_aoti.package import load_package
-from sam3_aoti.parity import case_row, check
-from sam3_aoti.tokenizer import bundled_vocab_path
+from sam3_aoti.stages import verify
+from sam3_aoti.pipeline.cases import load_cases
+from sam3_aoti.pipeline.settings import load_settings
+from sam3_aoti.model.meta_keys import to_meta
+from sam3_aoti.runtime.contract import OUTPUT_NAMES
+from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.stages.parity import case_row, check
+from sam3_aoti.runtime.tokenizer import bundled_vocab_path
 
-from conftest import REPO, TINY
+from helpers import REPO, TINY
 
 META_PROJECT = REPO / "meta_reference"
 # Beyond the photographs' own sizes (300x451 .. 512x512): wide, tall, tiny and large, up- and downscaled.
@@ -99,7 +99,7 @@ def test_a_swapped_weight_is_seen_by_the_meta_comparison(meta, built_repo, tmp_p
     package, cases, pixels, result = meta
     from transformers import Sam3Model
 
-    from sam3_aoti.model import Sam3Grounding
+    from sam3_aoti.model.wrapper import Sam3Grounding
 
     model = Sam3Model.from_pretrained(built_repo / TINY / "weights" / "checkpoint").eval()
     layer = model.detr_decoder.layers[0]

@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
-from sam3_aoti.export import export_model, export_transforms
-from sam3_aoti.model import DENSE_MASK_SDPA, ImageTransforms, Sam3Grounding, dense_mask, example_inputs
+from sam3_aoti.stages.export import export_model, export_transforms
+from sam3_aoti.model.wrapper import DENSE_MASK_SDPA, ImageTransforms, Sam3Grounding, dense_mask, example_inputs
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_sdpa_masked_attention_equals_transformers_eager(wrapper, tiny_model):
 
 
 def test_full_config_is_metas_architecture():
-    from sam3_aoti.model import full_config
+    from sam3_aoti.model.wrapper import full_config
 
     assert full_config().vision_config.backbone_config.layer_norm_eps == 1e-5  # Meta's ViT LayerNorm
 
@@ -130,7 +130,7 @@ def test_transforms_resize_any_image_to_the_model_input():
 def test_bf16_keeps_the_box_path_in_fp32_and_boxes_closer_to_fp32(tiny_model):
     """bf16 holds a box coordinate to 1/256 at each of the decoder's refinement steps; with the decoder and
     the scoring in fp32 (FP32_IN_BF16) the boxes of a bf16 model land nearer the fp32 model's."""
-    from sam3_aoti.contract import FP32_IN_BF16
+    from sam3_aoti.runtime.contract import FP32_IN_BF16
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=11)
     mixed_model = copy.deepcopy(tiny_model)

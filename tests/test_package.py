@@ -6,14 +6,14 @@ import zipfile
 import pytest
 import torch
 
-from sam3_aoti.artifacts import atomic_output
+from sam3_aoti.runtime.files import atomic_output
 from sam3_aoti.errors import PackageError
-from sam3_aoti.model import example_inputs
-from sam3_aoti.package import load_package
-from sam3_aoti.paths import fallback_of
+from sam3_aoti.model.wrapper import example_inputs
+from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.pipeline.paths import fallback_of
 from torch.export.pt2_archive._package import load_pt2
 
-from conftest import TINY, rewrite_package
+from helpers import TINY, rewrite_package
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(buil
     `constant357` on the tiny model) is in no exported program, so a new checkpoint could not be packaged."""
     import json
 
-    from sam3_aoti.compile import check_constants_are_weights
+    from sam3_aoti.aoti.compile import check_constants_are_weights
     from sam3_aoti.errors import CompileError
 
     exported = built_repo / TINY / "export" / "programs.pt2"

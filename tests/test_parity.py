@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
-from conftest import REPO
-from sam3_aoti.config import load_settings
+from helpers import REPO
+from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.parity import check, parity_report, run, write_meta_checkpoint
-from sam3_aoti.report import markdown
-from sam3_aoti.paths import ProfilePaths
+from sam3_aoti.stages.parity import check, parity_report, run
+from sam3_aoti.model.meta import write_meta_checkpoint
+from sam3_aoti.pipeline.report import markdown
+from sam3_aoti.pipeline.paths import ProfilePaths
 
 TOLERANCES = {"top1_same_min": 1.0, "score_abs": 1e-3, "box_abs": 1e-3, "top5_overlap_min": 0.8,
               "mask_iou_min": 0.98, "pixels_max_levels": 1}

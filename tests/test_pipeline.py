@@ -9,7 +9,7 @@ import sys
 import time
 
 
-from conftest import TINY, copy_repo, executed, run_doit, stale, start_doit
+from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
 STAGES = {"toolchain", "weights", "export", "compile", "package", "verify", "render"}
 
@@ -69,7 +69,7 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(own_build):
 
 def test_editing_the_export_code_reruns_export_and_nothing_after_it(own_build):
     """Early cutoff: the re-export writes the same archive, byte for byte, and the same program digest."""
-    source = own_build / "src" / "sam3_aoti" / "export.py"
+    source = own_build / "src" / "sam3_aoti" / "stages" / "export.py"
     archive = own_build / TINY / "export" / "programs.pt2"
     before = archive.read_bytes()
     source.write_text(source.read_text() + "\n# an edit\n")
@@ -176,8 +176,8 @@ def test_two_clean_builds_give_the_same_program_and_bitwise_equal_outputs(built_
     whose outputs equal the first one's bit for bit."""
     import torch
 
-    from sam3_aoti.model import example_inputs, tiny_config
-    from sam3_aoti.package import load_package
+    from sam3_aoti.model.wrapper import example_inputs, tiny_config
+    from sam3_aoti.runtime.loader import load_package
 
     for rel in ("export/programs.pt2", "export/program.json"):
         assert (second_clean_build / TINY / rel).read_bytes() == (built_repo / TINY / rel).read_bytes(), rel
@@ -192,7 +192,7 @@ def test_the_profile_table_is_in_every_stage_fingerprint():
     """[profiles.<name>] decides the architecture: editing it must rerun the stages, from weights on."""
     from dataclasses import replace
 
-    from sam3_aoti.config import load_settings
+    from sam3_aoti.pipeline.settings import load_settings
 
     settings = load_settings(device="cpu")
     edited = {**settings.tables, "profiles": {**settings.tables["profiles"], "tiny": {"architecture": "full"}}}

@@ -2,7 +2,7 @@
 
 import json
 
-from sam3_aoti.report import Check, Gate, Report, Table, apply_gates, markdown, summarize, write_report
+from sam3_aoti.pipeline.report import Check, Gate, Report, Table, apply_gates, markdown, summarize, write_report
 
 
 def test_gates_turn_values_into_rows_and_the_writer_keeps_every_row(tmp_path):

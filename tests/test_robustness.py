@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from sam3_aoti import cli
+from sam3_aoti.runtime import images
 from sam3_aoti.errors import InputError, PackageError, Sam3AotiError
-from sam3_aoti.integrity import digest_file
-from sam3_aoti.package import load_package
+from sam3_aoti.runtime.integrity import digest_file
+from sam3_aoti.runtime.loader import load_package
 
-from conftest import REPO, TINY, copy_repo, executed, rewrite_package, run_doit, stale
+from helpers import REPO, TINY, copy_repo, executed, rewrite_package, run_doit, stale
 
 
 def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
@@ -124,25 +124,25 @@ def test_prompts_empty_or_too_long(package_path, caplog):
 def test_sixteen_bit_and_other_image_modes_become_rgb8(tmp_path):
     ramp = np.linspace(0, 65535, 40 * 50).reshape(40, 50).astype(np.uint16)
     Image.fromarray(ramp).save(tmp_path / "g16.png")
-    rgb = cli.read_image(tmp_path / "g16.png")
+    rgb = images.read_image(tmp_path / "g16.png")
     assert rgb.dtype == np.uint8 and rgb.shape == (40, 50, 3)
     np.testing.assert_allclose(rgb[..., 0], ramp / 257, atol=1)  # scaled, not clipped to white
     Image.fromarray((ramp // 256).astype(np.uint8)).convert("P").save(tmp_path / "palette.png")
     Image.new("RGBA", (7, 5), (10, 20, 30, 40)).save(tmp_path / "rgba.png")
-    assert cli.read_image(tmp_path / "palette.png").shape == (40, 50, 3)
-    assert cli.read_image(tmp_path / "rgba.png")[0, 0].tolist() == [10, 20, 30]
+    assert images.read_image(tmp_path / "palette.png").shape == (40, 50, 3)
+    assert images.read_image(tmp_path / "rgba.png")[0, 0].tolist() == [10, 20, 30]
 
 
 def test_an_oversized_image_is_refused_with_the_limit(tmp_path, monkeypatch):
     Image.new("RGB", (400, 300)).save(tmp_path / "big.png")
-    monkeypatch.setattr(cli, "MAX_PIXELS", 100_000)
+    monkeypatch.setattr(images, "MAX_PIXELS", 100_000)
     with pytest.raises(PackageError, match=r"400 x 300 .* over the 0 MP limit: tile it"):
-        cli.read_image(tmp_path / "big.png")
+        images.read_image(tmp_path / "big.png")
 
 
 def predict(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "predict", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "sam3_aoti", "predict", *args], cwd=cwd, env=env,
                           capture_output=True, text=True)
 
 
@@ -192,7 +192,7 @@ def test_a_tampered_package_is_refused_before_its_code_loads(package_path, tmp_p
     digest_file(tampered).unlink()  # travelling alone: the metadata's part digests still catch it
     with pytest.raises(PackageError, match="transforms/.*wrapper.so does not match its recorded digest"):
         load_package(tampered, trust=True)  # trust admits a package without digests, never a mismatch
-    proc = subprocess.run([sys.executable, "-m", "sam3_aoti.cli", "info", str(tampered)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "info", str(tampered)], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert proc.returncode == 2 and "does not match its recorded digest" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -250,7 +250,7 @@ def test_a_verify_that_dies_leaves_the_package_unverified_and_stale(own_build, t
     fallback = art / "package" / "sam3.exported.pt2"
     shutil.move(fallback, tmp_path / fallback.name)  # verify's fallback check cannot load: it dies midway
     env = {**os.environ, "PYTHONPATH": str(own_build / "src")}
-    proc = subprocess.run([sys.executable, "-m", "sam3_aoti.verify", "--device", "cpu"], cwd=own_build,
+    proc = subprocess.run([sys.executable, "-m", "sam3_aoti.stages.verify", "--device", "cpu"], cwd=own_build,
                           env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "no exported-program fallback" in proc.stderr
     assert json.loads((art / "manifest.json").read_text())["stages"]["verify"]["verified"] is False
@@ -285,8 +285,9 @@ def test_a_second_run_stops_while_the_first_holds_the_variant(built_repo):
 # --- disk space ------------------------------------------------------------------------------------------------
 
 def test_stages_stop_before_the_work_when_the_disk_is_too_full(built_repo, monkeypatch):
-    from sam3_aoti import artifacts, compile as compile_stage
-    from sam3_aoti.config import load_settings
+    from sam3_aoti.pipeline import artifacts
+    from sam3_aoti.stages import compile as compile_stage
+    from sam3_aoti.pipeline.settings import load_settings
 
     monkeypatch.setattr(artifacts.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 40, 1 << 40, 1 << 20))
     settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
@@ -301,9 +302,9 @@ def test_stages_stop_before_the_work_when_the_disk_is_too_full(built_repo, monke
 def test_a_failed_stage_says_one_line_and_logs_the_cause_whole(tmp_path, capsys):
     """A library failure behind a stage error (e.g. AOTInductor's): one line on the terminal, the library's
     traceback in the stage log, where a bug report needs it."""
-    from sam3_aoti.config import load_settings
+    from sam3_aoti.pipeline.settings import load_settings
     from sam3_aoti.errors import CompileError
-    from sam3_aoti.stage import stage_logging
+    from sam3_aoti.pipeline.runner import stage_logging
 
     settings = load_settings(device="cpu", artifacts=tmp_path)
 

@@ -7,10 +7,10 @@ from importlib import metadata
 
 import pytest
 
-from sam3_aoti import tokenizer as tok
-from sam3_aoti.tokenizer import CONTEXT_LENGTH, ClipTokenizer, encode_prompts, read_merges_text
+from sam3_aoti.runtime import tokenizer as tok
+from sam3_aoti.runtime.tokenizer import CONTEXT_LENGTH, ClipTokenizer, encode_prompts, read_merges_text
 
-from conftest import REPO, hf_tokenizer_files
+from helpers import REPO, hf_tokenizer_files
 
 FIXTURE = json.loads((REPO / "tests" / "fixtures" / "meta_tokenizer_ids.json").read_text())
 

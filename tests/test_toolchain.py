@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sam3_aoti import compiler_fixes, cuda_env, cuda_toolkit, toolchain
+from sam3_aoti.stages import toolchain
+from sam3_aoti.toolchain import compiler_fixes, cuda_env, cuda_toolkit
 from sam3_aoti.errors import ToolchainError
 
-from conftest import TINY, run_doit
+from helpers import TINY, run_doit
 
 needs_cuda_torch = pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA toolkit to set up")
 
@@ -137,7 +138,7 @@ def test_no_toolkit_is_only_a_note_for_the_cpu(tmp_path):
 
 
 def test_unknown_toolkit_choice_is_a_config_error():
-    from sam3_aoti.config import load_settings
+    from sam3_aoti.pipeline.settings import load_settings
     from sam3_aoti.errors import ConfigError
 
     assert load_settings(device="cpu").toolkit == "pinned"
@@ -213,7 +214,7 @@ def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
 def test_env_file_reaches_the_compile_stage(built_repo):
     """The compile process ran with the toolchain's cuda.env applied: its metadata records the CUDA_HOME it
     saw. The file also names the versions that shape compiled code, and no timing: compile depends on it."""
-    from sam3_aoti.package import load_package
+    from sam3_aoti.runtime.loader import load_package
 
     env_file = built_repo / "artifacts" / "toolchain" / "cuda.env"
     env = cuda_env.read_env_file(env_file, {"PATH": ""})

@@ -1,4 +1,4 @@
-"""The tuning cache (sam3_aoti.tune): what is kept of an Inductor cache, how compile seeds its own with it, and
+"""The tuning cache (sam3_aoti.aoti.tuning, sam3_aoti.stages.tune): what is kept of an Inductor cache, how compile seeds its own with it, and
 when results are refused. The tuning itself runs on a GPU (`doit tune`); these are the CPU-side rules."""
 
 import dataclasses
@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from conftest import copy_repo, run_doit
-from sam3_aoti.config import load_settings
+from helpers import copy_repo, run_doit
+from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import CompileError, ConfigError
-from sam3_aoti.paths import ProfilePaths
-from sam3_aoti.tune import (count_decisions, harvest, keep_kernels, read_tuning, seed, tuned_files, tuning_key,
-                            tuning_options)
+from sam3_aoti.pipeline.paths import ProfilePaths
+from sam3_aoti.aoti.tuning import count_decisions, harvest, keep_kernels, read_tuning, seed, tuned_files, tuning_key, tuning_options
 
 
 def fake_inductor_cache(root, timings: dict, configs: dict):
@@ -105,7 +104,7 @@ def test_results_for_another_gpu_or_graph_are_refused(tmp_path):
 
 
 def test_tune_says_it_is_off_on_the_cpu(tmp_path):
-    from sam3_aoti.tune import run
+    from sam3_aoti.stages.tune import run
 
     with pytest.raises(ConfigError, match=r"\[tune\] enabled"):
         run(load_settings(device="cpu", artifacts=tmp_path))
@@ -115,7 +114,7 @@ def test_tune_says_it_is_off_on_the_cpu(tmp_path):
 
 def test_the_tune_table_is_checked(tmp_path):
     config = tmp_path / "pipeline.toml"
-    from sam3_aoti.config import DEFAULT_CONFIG
+    from sam3_aoti.pipeline.settings import DEFAULT_CONFIG
 
     text = DEFAULT_CONFIG.read_text()
     assert text.count("\nenabled = false\n") == 1

@@ -6,15 +6,16 @@ import tomllib
 import pytest
 import torch
 
-from sam3_aoti import report, verify
-from sam3_aoti.cases import load_cases
-from sam3_aoti.config import load_settings
+from sam3_aoti.pipeline import report
+from sam3_aoti.stages import verify
+from sam3_aoti.pipeline.cases import load_cases
+from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.metrics import compare, mask_iou
-from sam3_aoti.model import ImageTransforms, Sam3Grounding
-from sam3_aoti.package import load_package
+from sam3_aoti.pipeline.metrics import compare, mask_iou
+from sam3_aoti.model.wrapper import ImageTransforms, Sam3Grounding
+from sam3_aoti.runtime.loader import load_package
 
-from conftest import REPO, TINY
+from helpers import REPO, TINY
 
 
 class Perturbed:
@@ -96,7 +97,7 @@ def test_pearson_gates_only_the_dense_outputs():
 
 
 def test_the_reference_cache_keys_by_identity_and_inputs_and_keeps_only_what_was_used(tmp_path):
-    from sam3_aoti.reference import ReferenceCache
+    from sam3_aoti.model.reference import ReferenceCache
 
     calls = []
     twice = lambda x: calls.append(1) or (x * 2,)  # noqa: E731
@@ -181,7 +182,7 @@ PERTURBATIONS = {
 
 @pytest.fixture(scope="module")
 def tiny_outputs(built_repo):
-    from sam3_aoti.model import example_inputs, tiny_config
+    from sam3_aoti.model.wrapper import example_inputs, tiny_config
 
     package = load_package(built_repo / TINY / "package" / "sam3.pt2")
     with torch.no_grad():
@@ -202,9 +203,9 @@ def test_each_perturbation_of_a_real_build_fails_verify(tiny_outputs, name, prec
 def test_the_tiny_model_reacts_to_image_and_prompt_far_beyond_its_limits(built_repo):
     """A gate is only as good as the signal under it: each output of the tiny CI model must move with the
     photograph and with the prompt by at least 100x the fp32 limit verify holds it to (pipeline.toml)."""
-    from sam3_aoti.contract import OUTPUT_NAMES
-    from sam3_aoti.weights import eager_reference
-    from sam3_aoti.postprocess import to_tensor
+    from sam3_aoti.runtime.contract import OUTPUT_NAMES
+    from sam3_aoti.model.checkpoints import eager_reference
+    from sam3_aoti.runtime.postprocess import to_tensor
 
     settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
     tol = settings.stage("verify")["tolerances"]["fp32"]

@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sam3_aoti.config import load_settings
+from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import WeightsError
-from sam3_aoti.meta_checkpoint import to_meta, to_transformers
-from sam3_aoti.model import Sam3Grounding, example_inputs, tiny_config
-from sam3_aoti.tokenizer import ClipTokenizer, checkpoint_merges, read_merges_text
-from sam3_aoti.weights import load_hf_folder, load_meta_checkpoint
+from sam3_aoti.model.meta_keys import to_meta, to_transformers
+from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs, tiny_config
+from sam3_aoti.runtime.tokenizer import ClipTokenizer, checkpoint_merges, read_merges_text
+from sam3_aoti.model.checkpoints import load_hf_folder, load_meta_checkpoint
 
-from conftest import copy_repo, hf_tokenizer_files, run_doit
+from helpers import copy_repo, hf_tokenizer_files, run_doit
 
 META_KEYS = Path(__file__).parent / "data" / "meta_sam3_detector_keys.txt"
 
@@ -75,7 +75,7 @@ def test_key_table_agrees_with_transformers_conversion_script():
 
 def test_swapping_two_same_shaped_entries_of_the_key_table_is_caught(monkeypatch):
     """The audit's example: the decoder's norm1/norm2 swapped passes a round trip through our own table."""
-    from sam3_aoti import meta_checkpoint
+    from sam3_aoti.model import meta_keys as meta_checkpoint
 
     swap = {"detr_decoder.layers.{n}.vision_cross_attn_layer_norm.": "detr_decoder.layers.{n}.self_attn_layer_norm.",
             "detr_decoder.layers.{n}.self_attn_layer_norm.": "detr_decoder.layers.{n}.vision_cross_attn_layer_norm."}

@@ -51,7 +51,9 @@ def load_hf_folder(folder: Path):
 
 
 def load_meta_checkpoint(path: Path, config=None):
-    """Meta's `sam3.pt` -> Sam3Model (Meta's architecture unless a config is given), every tensor accounted for."""
+    """Meta's `sam3.pt` -> Sam3Model (Meta's architecture unless a config is given), every tensor accounted for.
+    Names and shapes are compared on the meta device first: a checkpoint that does not fit costs no model (a
+    full-size random init is 3 GB and most of a minute on a CPU)."""
     import torch
     from transformers import Sam3Model
 
@@ -64,8 +66,9 @@ def load_meta_checkpoint(path: Path, config=None):
         raise WeightsError(f"cannot read {path} ({first_line(e)}): not a complete PyTorch checkpoint; "
                            "copy it again") from e
     state, unknown = to_transformers(meta_state_dict(checkpoint))
-    model = Sam3Model(config or full_config()).eval()
-    expected = model.state_dict()
+    config = config or full_config()
+    with torch.device("meta"):
+        expected = Sam3Model(config).state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = unknown + [k for k in state if k not in expected]
     mismatched = [f"{k} {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -73,6 +76,7 @@ def load_meta_checkpoint(path: Path, config=None):
     problems = key_problems(missing, unexpected, mismatched)
     if problems:
         raise WeightsError(f"{path} does not fit SAM3 as Meta's checkpoint format: {problems}")
+    model = Sam3Model(config).eval()
     model.load_state_dict(state, strict=True)
     return model
 

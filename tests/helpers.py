@@ -1,0 +1,93 @@
+"""What the tests share: copies of the checkout, doit runs and what they did, tokenizer files, edited packages.
+
+Imports no torch (collection stays quick); `conftest.py` holds only fixtures and hooks.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = "artifacts/tiny-fp32-cpu"  # the tiny profile's variant folder on the CPU, relative to a repo
+
+
+def copy_repo(dest: Path) -> Path:
+    """The files `uv run doit` needs, in a fresh folder (no artifacts, no doit state)."""
+    for name in ("dodo.py", "pipeline.toml", "cases.toml"):
+        shutil.copy(REPO / name, dest / name)
+    for name in ("src", "tasks", "env"):
+        if (REPO / name).exists():
+            shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "cuda.env"))
+    return dest
+
+
+def run_doit(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=repo, env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def stale(repo: Path, *variables: str, device: str = "cpu") -> set[str]:
+    """The tasks `doit list --status` marks to run (doit's own judgement; nothing is executed)."""
+    listing = run_doit(repo, "list", "--all", "--status", f"device={device}", *variables).stdout
+    return {line.split()[1] for line in listing.splitlines() if line.startswith("R ")}
+
+
+def executed(proc: subprocess.CompletedProcess) -> set[str]:
+    """Tasks doit ran (". name") as opposed to found up to date ("-- name")."""
+    return {line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")}
+
+
+def start_doit(repo: Path, *args: str) -> subprocess.Popen:
+    """`doit` in the background, in a process group of its own (os.killpg stops it and its stage)."""
+    path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+
+
+def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
+    """vocab.json + merges.txt as transformers' CLIPTokenizer saves them, built from CLIP's merges."""
+    from sam3_aoti.runtime.tokenizer import _NUM_MERGES, _bytes_to_unicode
+
+    merges = merges_text.split("\n")[1 : _NUM_MERGES + 1]
+    vocab = list(_bytes_to_unicode().values())
+    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+def rewrite_package(package: Path, target: Path, edit, resign: bool = True) -> Path:
+    """A copy of `package` at `target` with `edit(name, data)` applied to its entries, and its fallback (with
+    the fallback's digest) beside it. `resign` updates the metadata's part digests to the edited bytes, as a
+    builder would; without it the copy is what a tamperer leaves."""
+    import hashlib
+    import zipfile
+
+    from sam3_aoti.runtime.integrity import digest_file
+    from sam3_aoti.runtime.archive import fallback_of
+
+    with zipfile.ZipFile(package) as src:
+        entries = [(item, edit(item.filename, src.read(item))) for item in src.infolist()]
+    if resign:
+        for i, (item, data) in enumerate(entries):
+            if item.filename.endswith("extra/metadata.json"):
+                metadata = json.loads(data)
+                for other, other_data in entries:
+                    part = other.filename.split("/", 1)[1]
+                    if part in metadata.get("parts_sha256", {}):
+                        metadata["parts_sha256"][part] = hashlib.sha256(other_data).hexdigest()
+                entries[i] = (item, json.dumps(metadata).encode())
+    with zipfile.ZipFile(target, "w") as dst:
+        for item, data in entries:
+            dst.writestr(item, data)
+    shutil.copy(fallback_of(package), fallback_of(target))
+    shutil.copy(digest_file(fallback_of(package)), digest_file(fallback_of(target)))
+    return target
