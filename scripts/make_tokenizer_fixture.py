@@ -3,8 +3,9 @@
 The reference is open_clip's `SimpleTokenizer` (ftfy, HTML unescaping, whitespace cleaning, lower case, special
 tokens `<start_of_text>`/`<end_of_text>`), which Meta's `sam3/model/tokenizer_ve.py` copies, at SAM3's context of 32.
 Its module is loaded from the open-clip-torch wheel's file, not imported as a package (open_clip's package needs
-torchvision, which this project keeps out). Rerun after changing the prompts below:
-    uv run python scripts/make_tokenizer_fixture.py
+torchvision, which this project keeps out). open-clip-torch is no dependency of the project any more (the vocabulary
+ships with sam3_aoti); rerun after changing the prompts below with it added for this one run:
+    uv run --with open-clip-torch==3.3.0 python scripts/make_tokenizer_fixture.py
 """
 
 import importlib.util

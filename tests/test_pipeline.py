@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
@@ -76,6 +78,17 @@ def test_editing_the_export_code_reruns_export_and_nothing_after_it(own_build):
     assert stale(own_build) & STAGES == {"export"}
     assert executed(run_doit(own_build, "device=cpu")) == {"export"}
     assert archive.read_bytes() == before
+
+
+@pytest.mark.parametrize("module, stages", [
+    ("aoti/weights_blob.py", {"compile", "package"}),  # compile checks the blob writer; package uses it
+    ("runtime/cuda_graphs.py", {"package", "verify", "render"}),  # every stage that loads the package
+    ("pipeline/report.py", {"verify"}),
+])
+def test_editing_a_module_of_a_subpackage_makes_exactly_its_importers_stale(own_build, module, stages):
+    source = own_build / "src" / "sam3_aoti" / module
+    source.write_text(source.read_text() + "\n# an edit\n")
+    assert stale(own_build) & STAGES == stages
 
 
 def test_new_weights_repackage_without_recompiling_and_a_killed_run_redoes_only_its_stage(own_build):

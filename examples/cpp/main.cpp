@@ -2,7 +2,7 @@
 // Loads a sam3-aoti package with libtorch alone, runs `transforms` then `model` on an image tensor, prints
 // the output shapes and the top score (sigmoid(pred_logits) * sigmoid(presence_logit_dec)).
 // Token ids are CLIP BPE ids (start 49406, end 49407, pad 0; the package's metadata.json has the constants):
-// tokenize in your service, or with `sam3_aoti.tokenizer.encode_prompts`. The default is "a dog".
+// tokenize in your service, or with `sam3_aoti.encode_prompts`. The default is "a dog".
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/torch.h>
 

@@ -223,5 +223,5 @@ def to_meta(state: dict) -> dict:
 def _meta_name(hf_key: str) -> str:
     name = _rename(hf_key, inverse=True)
     if name is None:
-        raise WeightsError(f"no Meta name for {hf_key}: add a rule to KEY_MAP in meta_checkpoint.py")
+        raise WeightsError(f"no Meta name for {hf_key}: add a rule to KEY_MAP in model/meta_keys.py")
     return name

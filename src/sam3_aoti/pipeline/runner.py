@@ -83,7 +83,7 @@ def run(stage: str, fn, settings: Settings):
 
 
 def main(stage: str, fn, description: str) -> None:
-    """`python -m sam3_aoti.<stage>`: the same work as the doit task, for one-off runs."""
+    """`python -m sam3_aoti.stages.<stage>`: the same work as the doit task, for one-off runs."""
     parser = argparse.ArgumentParser(prog=f"python -m sam3_aoti.stages.{stage}", description=description)
     parser.add_argument("--settings", type=Path, help="the settings file doit wrote (artifacts/<variant>/settings.json); "
                                                       "the variables below are then not read")

@@ -1,6 +1,6 @@
 """What a package promises its consumers, in one place, importing neither torch nor transformers: the
 exporter writes it into the metadata, the loader, `predict` and the consumer tests read it from here.
-(The tokenizer's ids and special tokens live in `tokenizer`, torch-free as well.)"""
+(The tokenizer's ids and special tokens live in `runtime.tokenizer`, torch-free as well.)"""
 
 METADATA_FORMAT = "sam3-aoti/2"
 OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
@@ -16,7 +16,7 @@ IMAGE_MEAN = 0.5
 IMAGE_STD = 0.5
 RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Processor)"
 
-# Parts of a low-precision build that run in fp32 (model.keep_box_path_fp32 says why).
+# Parts of a low-precision build that run in fp32 (model.wrapper.keep_box_path_fp32 says why; pipeline.precision uses them).
 FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
-# Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (sam3_aoti.fp8); the rest is bf16.
+# Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (model.fp8); the rest is bf16.
 FP8_PARTS = ("vision_encoder.backbone",)

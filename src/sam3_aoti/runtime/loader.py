@@ -218,8 +218,8 @@ def _built_for(path: Path) -> str:
 def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
                  max_graphs: int | None = None) -> Sam3Package:
     """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
-    The archive is checked against its recorded digests first (integrity.py); `trust` accepts a package
-    that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs.py`; at most
+    The archive is checked against its recorded digests first (`integrity`); `trust` accepts a package
+    that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
     that off."""
     import torch

@@ -28,7 +28,7 @@ from ..pipeline.schema import BENCH_COLUMNS as COLUMNS
 from ..pipeline.settings import Settings
 from ..runtime.files import write_bytes_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 # Prompts the benched calls carry (the first P): real phrases, so Meta's model tokenizes what ours gets.
 PHRASES = ("a person", "a car", "a tree", "a building", "a swimming pool", "a road", "a boat", "a roof",

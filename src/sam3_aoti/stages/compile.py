@@ -22,7 +22,7 @@ from ..pipeline.settings import Settings
 from ..runtime.files import atomic_output, human_size
 from ..toolchain.cuda_env import FIX_VARIABLE, read_build_facts
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def run(settings: Settings) -> None:

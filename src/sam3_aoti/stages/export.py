@@ -20,7 +20,7 @@ from ..pipeline.settings import Settings
 from ..runtime.archive import archive_entries
 from ..runtime.files import atomic_output, human_size, write_text_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def export_model(wrapper, example_args, batch_name="batch", prompts_name="num_prompts"):

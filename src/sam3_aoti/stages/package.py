@@ -25,7 +25,7 @@ from ..runtime.files import atomic_output, human_size, sha256
 from ..runtime.integrity import digest_file, write_digest
 from ..runtime.loader import load_aoti_runners
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:

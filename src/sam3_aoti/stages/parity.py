@@ -21,7 +21,7 @@ from ..pipeline.paths import ProfilePaths
 from ..pipeline.report import Check, Gate, Report, Table, apply_gates, summarize, write_report
 from ..pipeline.settings import Settings, package_version
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def run(settings: Settings) -> None:

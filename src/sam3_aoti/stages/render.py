@@ -9,7 +9,7 @@ from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
 from ..runtime.files import atomic_output
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def side_by_side(left, right):

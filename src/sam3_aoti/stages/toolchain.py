@@ -24,7 +24,7 @@ from ..toolchain.compiler_fixes import candidate_fixes, cxx_info, links_libstdcx
 from ..toolchain.cuda_env import FIX_VARIABLE, write_env_file
 from ..toolchain.cuda_toolkit import choose_toolkit, header_versions, libcuda_link_dir, load_pins, nvcc_version
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def machine_env(environ) -> dict:

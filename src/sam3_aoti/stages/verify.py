@@ -15,7 +15,7 @@ from ..pipeline.paths import ProfilePaths
 from ..pipeline.report import Check, Gate, Report, apply_gates, margin, summarize, write_report
 from ..pipeline.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 # Pearson r only where it means something: the dense outputs. Boxes of a random model sit in a narrow range

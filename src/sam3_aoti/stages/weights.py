@@ -1,9 +1,9 @@
 """Stage `weights`: one HF-format checkpoint folder (config.json + model.safetensors) per profile.
 
 Sources: seeded random init, a Hugging Face-format folder, or Meta's original `sam3.pt` (converted with
-the table in `meta_checkpoint`). Every source is loaded strictly: a missing, unexpected or wrongly shaped
+the table in `model.meta_keys`). Every source is loaded strictly: a missing, unexpected or wrongly shaped
 tensor is an error naming it, never a silently re-initialized weight. The tokenizer's merges are written
-beside the weights (the checkpoint's own files when it has them, else CLIP's from the open-clip wheel).
+beside the weights (the checkpoint's own files when it has them, else CLIP's, shipped as package data).
 Every later stage loads this folder, so its hash is the one input that says "same model".
 """
 
@@ -19,7 +19,7 @@ from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
 from ..runtime.files import atomic_output, write_text_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
 def tokenizer_merges(settings: Settings) -> tuple[str, str]:
@@ -36,7 +36,7 @@ def tokenizer_merges(settings: Settings) -> tuple[str, str]:
             return found[0], str(found[1])
     text = read_merges_text()
     ClipTokenizer(text)
-    return text, f"{bundled_vocab_path().name} (open-clip-torch wheel)"
+    return text, f"{bundled_vocab_path().name} (shipped with sam3_aoti)"
 
 
 def run(settings: Settings) -> None:

@@ -1,0 +1,67 @@
+"""The layout is a contract: import-linter checks the layers of pyproject.toml, and doit's code dependencies of each
+stage are exactly its import closure, subpackages included."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=repo, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo / "src")})
+
+
+def test_the_layering_contract_holds():
+    proc = lint_imports(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"Contracts: \d+ kept, 0 broken", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("runtime/files.py", "from ..pipeline import paths", "stages on the build's layers"),
+    ("runtime/loader.py", "import transformers", "needs none of the build's dependencies"),
+    ("stages/render.py", "from . import verify", "nothing imports a stage"),
+    ("pipeline/paths.py", "from . import settings", "no import loops"),
+])
+def test_a_wrong_import_breaks_the_contract(tmp_path, module, line, contract):
+    """Each contract can fail: one import against it, in a copy of the checkout, is reported."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "src" / "sam3_aoti" / module
+    path.write_text(path.read_text() + f"\n\ndef _planted():\n    {line}\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode != 0
+    verdict = re.search(re.escape(contract) + r".*?\b(KEPT|BROKEN)\b", " ".join(proc.stdout.split()))  # names wrap
+    assert verdict and verdict.group(1) == "BROKEN", proc.stdout
+
+
+def stage_modules() -> list[str]:
+    return sorted(p.stem for p in (REPO / "src" / "sam3_aoti" / "stages").glob("*.py") if p.stem != "__init__")
+
+
+def test_each_stage_depends_on_exactly_the_modules_it_imports():
+    """tasks.sources (read by doit for file_dep) against grimp, import-linter's own import graph, which sees
+    function-level imports too. A stage that runs a module by name (`python -m`) depends on it as well."""
+    import grimp
+
+    import tasks
+
+    graph = grimp.build_graph("sam3_aoti")
+    runs = {"toolchain": {"sam3_aoti.toolchain.probe"}}  # compiler_fixes runs the probe in a subprocess
+    src = REPO / "src"
+    for stage in stage_modules():
+        start = f"sam3_aoti.stages.{stage}"
+        modules = {start} | graph.find_upstream_modules(start) | runs.get(stage, set())
+        modules |= {".".join(m.split(".")[:i]) for m in set(modules) for i in range(1, m.count(".") + 1)}
+        expected = {str(tasks.module_file(m)) for m in modules}
+        got = set(tasks.sources(stage))
+        assert got == expected, (stage, sorted(Path(p).relative_to(src).as_posix() for p in got ^ expected))
+
