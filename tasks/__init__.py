@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,8 @@ PACKAGE = "sam3_aoti"
 sys.path.insert(0, str(SOURCES))  # the checkout's library, even beside another installed copy
 
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
+from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
+from tasks.runs import RUNNING, die_with_parent, low_disk  # noqa: E402
 from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
@@ -106,10 +107,20 @@ def sources(stage: str) -> list[str]:
     return sorted(str(module_file(m)) for m in seen)
 
 
+def linked(path: Path) -> Path:
+    """`path` as the stage process sees it: through a link without whitespace where the checkout's path has
+    some (torch's C++ build line does not quote every path: `pipeline.paths.space_free`)."""
+    from sam3_aoti.pipeline.paths import space_free
+
+    path = Path(path)
+    return space_free(ROOT) / path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def stage_command(name: str) -> list[str]:
     """The stage's process, handed the settings resolved here, whole (a fallback taken once, not re-decided)."""
     SETTINGS.write(PATHS.settings)
-    return [sys.executable, "-m", f"{PACKAGE}.stages.{name}", "--settings", str(PATHS.settings)]
+    return [str(linked(Path(sys.executable))), "-m", f"{PACKAGE}.stages.{name}", "--settings",
+            str(linked(PATHS.settings))]
 
 
 def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
@@ -120,8 +131,9 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     the compile crashes."""
     from sam3_aoti.toolchain.cuda_env import read_env_file
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(PATHS.inductor_cache)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCES), env.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(linked(PATHS.inductor_cache)),
+           UNDER_DOIT: "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(linked(SOURCES)), env.get("PYTHONPATH")]))
     if name != "toolchain":
         env.update(read_env_file(env_file, env))
     return env
@@ -129,12 +141,21 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
 
 def run_stage(name: str):
     """Each stage in its own process: memory is returned between full-size stages, cuda.env applies
-    before torch is imported, and a crash in native code fails the task instead of killing doit."""
-    proc = subprocess.run(stage_command(name), cwd=ROOT, env=stage_env(name))
-    if proc.returncode == 0:
+    before torch is imported, and a crash in native code fails the task instead of killing doit. The
+    process has a session of its own (Ctrl-C reaches doit alone, which passes it on to the stage, not to the
+    stage's compile workers) and dies with doit."""
+    proc = subprocess.Popen(stage_command(name), cwd=linked(ROOT), env=stage_env(name), start_new_session=True,
+                            preexec_fn=die_with_parent)
+    RUNNING.append((name, proc))
+    try:
+        returncode = proc.wait()
+    finally:
+        RUNNING.clear()
+    if returncode == 0:
         return None
-    how = f"exit {proc.returncode}" if proc.returncode > 0 else f"killed by {signal.Signals(-proc.returncode).name}"
-    return TaskFailed(f"stage {name} failed ({how}); log: {PATHS.log(name).relative_to(ROOT)}")
+    how = f"exit {returncode}" if returncode > 0 else f"killed by {signal.Signals(-returncode).name}"
+    disk = low_disk(PATHS.root)
+    return TaskFailed(f"stage {name} failed ({how}){disk}; log: {PATHS.log(name).relative_to(ROOT)}")
 
 
 def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint_extra) -> dict:
@@ -152,29 +173,44 @@ def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint
 
 
 class targets_intact:
-    """doit sees that targets exist; this sees that they still hold what their stage wrote (the manifest's
-    size, mtime and sha256), so a truncated package or an edited report makes its stage run again; and a
-    verify that did not pass (or died) is never up to date."""
+    """doit sees that targets exist; this sees that they still hold what their stage wrote (the manifest's size,
+    times and sha256: a byte changed in place, its size and mtime kept, moves the ctime), so a truncated package
+    or an edited report makes its stage run again; and a verify that did not pass (or died) is never up to date.
+    A run that may write refreshes the recorded times of files whose content still matches (a copied checkout
+    hashes once, not on every run)."""
 
     def __init__(self, stage: str):
         self.stage = stage
 
     def __call__(self, task, values):
+        from tasks.runs import READ_ONLY_COMMANDS, doit_command
+
+        if self.stage == "toolchain":  # per machine, outside the variant's manifest: its targets' existence
+            return True
         if stage_entry(self.stage).get("verified") is False:
             return False
-        return not manifest_changes(PATHS.manifest, [self.stage])
+        refresh = doit_command(sys.argv) not in READ_ONLY_COMMANDS
+        return not manifest_changes(PATHS.manifest, [self.stage], refresh=refresh)
 
 
 def stage_entry(stage: str) -> dict:
-    manifest = json.loads(PATHS.manifest.read_text()) if PATHS.manifest.exists() else {}
-    return manifest.get("stages", {}).get(stage, {})
+    from sam3_aoti.pipeline.artifacts import read_manifest
+
+    return read_manifest(PATHS.manifest)["stages"].get(stage, {})
 
 
 def check_artifacts():
-    """`doit check`: re-hash every artifact of this variant against the manifest; name what changed."""
+    """`doit check`: re-hash every artifact of this variant against the manifest; name what changed, and mark
+    those stages (and the verification of a changed package) so that `uv run doit` rebuilds exactly them."""
+    from sam3_aoti.pipeline.artifacts import mark
+
     problems = manifest_changes(PATHS.manifest, rehash=True)
     for line in problems:
         print(f"changed  {line}")
+    for stage in sorted({line.split(":", 1)[0] for line in problems}):
+        mark(PATHS.manifest, stage, intact=False)
+        if stage == "package":
+            mark(PATHS.manifest, "verify", verified=False)
     if problems:
         return TaskFailed(f"{len(problems)} artifact(s) of {relative(PATHS.root)} changed since their stage "
                           "wrote them: `uv run doit` rebuilds them")

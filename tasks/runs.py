@@ -1,4 +1,6 @@
-"""One doit run per variant at a time, no leftovers of dead runs, and doit's state saved after every task.
+"""One doit run per variant at a time, no leftovers of dead runs, doit's state saved after every task, and
+no traceback on the terminal: Ctrl-C, a closed pipe, a damaged state file or an unwritable folder end in
+one line.
 
 doit saves which tasks succeeded only when a run ends, so a SIGKILL during compile would make the next run
 redo export too; and two runs on one checkout would interleave their writes.
@@ -7,10 +9,13 @@ redo export too; and two runs on one checkout would interleave their writes.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
 from doit.dependency import Dependency
@@ -20,6 +25,7 @@ READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion"}
 # atomic_output's temporaries: ".<target name>.<8 characters of mkdtemp>", beside the target
 TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}$")
 _held = []  # the open lock file, for the life of the process
+RUNNING: list = []  # (stage, Popen) of the stage process doit waits for, if any
 
 
 def doit_command(argv: list[str]) -> str:
@@ -70,12 +76,76 @@ def save_state_after_every_task() -> None:
     Dependency.save_success = save_and_dump
 
 
-def guard(root: Path) -> None:
-    """Lock, clean and make state durable, for every command that may run or change tasks."""
-    root.mkdir(parents=True, exist_ok=True)  # doit keeps its state file there
-    save_state_after_every_task()
-    if doit_command(sys.argv) in READ_ONLY_COMMANDS:
+def die_with_parent() -> None:
+    """In a stage process, before it runs: die when doit does (Linux's PR_SET_PDEATHSIG), so that a doit killed
+    by SIGKILL leaves no stage writing on behind the next run's back."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def low_disk(root: Path, below: int = 1 << 30) -> str:
+    """`: the disk of ROOT has X free` when a failed stage may have filled it, else ""."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return ""
+    return f": the disk of {root} has {free / 2**30:.2f} GB free, it may have filled up: free some space" \
+        if free < below else ""
+
+
+def interrupted(signum, frame) -> None:
+    """Ctrl-C: the running stage gets it (and cleans up), then one line and exit code 130. Stages that finished
+    are saved already (`save_state_after_every_task`)."""
+    during = ""
+    for stage, proc in list(RUNNING):
+        during = f" during {stage}"
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except Exception:
+            proc.kill()
+    sys.stderr.write(f"sam3-aoti: interrupted{during}; finished stages are kept: `uv run doit` goes on from there\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def check_state_file(path: Path, may_write: bool) -> None:
+    """doit's own state (.doit.json): a damaged one would stop doit with a traceback. A run sets it aside and
+    starts afresh (every stage is checked again); a read-only command says what to do."""
+    if not path.exists():
         return
-    hold_lock(root)
-    for path in remove_stale_temporaries(root):
-        print(f"sam3-aoti: removed {path}, left by an interrupted run", file=sys.stderr)
+    try:
+        json.loads(path.read_text() or "{}")
+        return
+    except (ValueError, UnicodeDecodeError, OSError):
+        pass
+    if not may_write:
+        sys.exit(f"sam3-aoti: {path} (doit's state) is damaged: run `uv run doit` to set it aside and rebuild")
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, aside)
+    print(f"sam3-aoti: {path} (doit's state) was damaged: set aside as {aside.name}; stages are checked again",
+          file=sys.stderr)
+
+
+def guard(root: Path) -> None:
+    """Lock, clean and make state durable, for every command that may run or change tasks; one line, never a
+    traceback, for what would stop doit on the way."""
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # output piped into a program that closes early: quiet
+    may_write = doit_command(sys.argv) not in READ_ONLY_COMMANDS
+    try:
+        root.mkdir(parents=True, exist_ok=True)  # doit keeps its state file there
+        save_state_after_every_task()
+        check_state_file(root / ".doit.json", may_write)
+        if not may_write:
+            return
+        hold_lock(root)
+        for path in remove_stale_temporaries(root):
+            print(f"sam3-aoti: removed {path}, left by an interrupted run", file=sys.stderr)
+    except OSError as e:
+        sys.exit(f"sam3-aoti: cannot write {e.filename or root} ({e.strerror}): make it writable, or build "
+                 "elsewhere (artifacts/ is under the checkout)")

@@ -6,6 +6,7 @@ Imports no torch (collection stays quick); `conftest.py` holds only fixtures and
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,10 +46,12 @@ def executed(proc: subprocess.CompletedProcess) -> set[str]:
 
 
 def start_doit(repo: Path, *args: str) -> subprocess.Popen:
-    """`doit` in the background, in a process group of its own (os.killpg stops it and its stage)."""
+    """`doit` in the background, in a process group of its own (os.killpg stops it; its stage dies with it),
+    with Ctrl-C as a terminal delivers it (a background shell ignores SIGINT)."""
     path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
 
 

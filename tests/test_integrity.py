@@ -3,6 +3,7 @@ any write to the file brings the hash back."""
 
 import os
 import time
+import zipfile
 
 import pytest
 
@@ -14,7 +15,9 @@ from sam3_aoti.errors import PackageError
 def package(tmp_path, monkeypatch):
     monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "sam3.pt2"
-    path.write_bytes(os.urandom(1 << 16))
+    with zipfile.ZipFile(path, "w") as archive:  # the names a package has; random bytes as its code
+        archive.writestr("sam3/archive_format", "pt2")
+        archive.writestr("sam3/data/aotinductor/model/code.wrapper.so", os.urandom(1 << 16))
     integrity.write_digest(path)
     return path
 

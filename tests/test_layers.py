@@ -65,3 +65,32 @@ def test_each_stage_depends_on_exactly_the_modules_it_imports():
         got = set(tasks.sources(stage))
         assert got == expected, (stage, sorted(Path(p).relative_to(src).as_posix() for p in got ^ expected))
 
+
+
+def test_the_readme_architecture_names_every_module():
+    """The README's tree is the layout: every subpackage and module of src/sam3_aoti is named in it."""
+    readme = (REPO / "README.md").read_text()
+    tree = readme.split("## Architecture", 1)[1].split("```")[1]
+    package = REPO / "src" / "sam3_aoti"
+    missing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+               if p.name != "__init__.py" and p.parent.name != "stages" and p.name not in tree]
+    missing += [f"{d.name}/" for d in package.iterdir() if d.is_dir() and (d / "__init__.py").exists()
+                and f"{d.name}/" not in tree]
+    assert not missing, f"README.md's architecture tree does not name {missing}"
+    stages = {p.stem for p in (package / "stages").glob("*.py") if p.stem != "__init__"}
+    assert all(f"| `{stage}` |" in readme for stage in stages)  # the Stages table names each stage module
+
+
+def test_importing_the_runtime_loads_nothing_of_the_build():
+    """In the checkout's environment, where transformers and doit are installed: the runtime and the public API
+    import none of them, and none of the build's layers (import-linter proves it for every runtime module, the
+    torch-importing ones too; this runs the torch-free ones, quickly)."""
+    probe = ("import sys, sam3_aoti.runtime, sam3_aoti.runtime.loader, sam3_aoti.runtime.cli, sam3_aoti.runtime.info, "
+             "sam3_aoti.runtime.images; from sam3_aoti import load_package, "
+             "encode_prompts, archive_info; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('transformers', 'doit', 'skimage', 'huggingface_hub', 'safetensors') or m.split('.')[:2] in "
+             "[['sam3_aoti', n] for n in ('pipeline', 'model', 'aoti', 'toolchain', 'stages')]))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

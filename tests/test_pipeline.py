@@ -56,7 +56,7 @@ def test_a_verify_tolerance_makes_verify_alone_stale(own_build):
 
 def test_a_failing_gate_fails_the_task_and_unmarks_the_package(own_build):
     config = own_build / "pipeline.toml"
-    config.write_text(config.read_text().replace("max_abs = 1e-5", "max_abs = -1.0", 1))  # nothing can pass
+    config.write_text(config.read_text().replace("max_abs = 1e-5\nmax_rel = 1e-4", "max_abs = 0\nmax_rel = 0", 1))
     proc = run_doit(own_build, "device=cpu", check=False)
     assert proc.returncode != 0
     assert executed(proc) == {"verify"}  # a tolerance reruns verify alone, and a failed one stops render

@@ -259,15 +259,35 @@ def test_tokenizer_json_merges(tmp_path):
     assert ClipTokenizer(text)(["solar panels"]) == ClipTokenizer.bundled()(["solar panels"])
 
 
+@pytest.mark.slow  # a stage process that loads transformers: 8 s
 def test_weights_stage_takes_an_hf_folder_and_its_tokenizer(checkpoints, tmp_path):
     hf_tokenizer_files(checkpoints / "hf", read_merges_text())
-    repo = copy_repo(tmp_path)
+    repo = copy_repo(tmp_path)  # profile sam3 on the tiny architecture: the checkpoint's own
+    config = repo / "pipeline.toml"
+    config.write_text(config.read_text().replace('architecture = "full"', 'architecture = "tiny"'))
+    assert 'architecture = "full"' not in config.read_text()
     run_doit(repo, "weights", "profile=sam3", "device=cpu", f"weights={checkpoints / 'hf'}")
     manifest = json.loads((repo / "artifacts" / "sam3-fp32-cpu" / "manifest.json").read_text())
     assert manifest["stages"]["weights"]["tokenizer"].endswith("merges.txt")
     assert (repo / "artifacts" / "sam3-fp32-cpu" / "weights" / "tokenizer_merges.txt").read_text().startswith("#version")
 
 
+def test_a_checkpoint_of_another_architecture_is_refused_by_name(checkpoints):
+    """The tiny checkpoints under profile=sam3 (the full architecture): refused before any weight is read."""
+    from sam3_aoti.model.checkpoints import build_model
+    from sam3_aoti.pipeline.settings import load_settings
+
+    with pytest.raises(WeightsError, match=r"hf is a SAM3 checkpoint of another architecture than `full`: .* wrongly shaped"):
+        build_model(load_settings(profile="sam3", device="cpu", weights=str(checkpoints / "hf")))
+    with pytest.raises(WeightsError, match=r"does not fit SAM3's `full` architecture .* wrongly shaped"):
+        build_model(load_settings(profile="sam3", device="cpu", weights=str(checkpoints / "sam3.pt")))
+    (checkpoints / "other").mkdir(exist_ok=True)
+    (checkpoints / "other" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(WeightsError, match="is not a SAM3 config"):
+        build_model(load_settings(profile="sam3", device="cpu", weights=str(checkpoints / "other")))
+
+
+@pytest.mark.slow  # a stage process that loads transformers: 8 s
 def test_weights_stage_rejects_a_mismatched_meta_checkpoint_in_one_line(checkpoints, tmp_path):
     repo = copy_repo(tmp_path)  # the tiny Meta checkpoint does not fit the full SAM3 architecture
     proc = run_doit(repo, "weights", "profile=sam3", "device=cpu", f"weights={checkpoints / 'sam3.pt'}", check=False)

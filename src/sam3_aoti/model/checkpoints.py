@@ -50,7 +50,33 @@ def load_hf_folder(folder: Path):
     return model.eval()
 
 
-def load_meta_checkpoint(path: Path, config=None):
+def check_architecture(folder: Path, expected, architecture: str) -> None:
+    """An HF folder's config.json against the profile's architecture, compared as tensor shapes on the meta
+    device (no weights read, no memory): a checkpoint of another architecture is refused by name."""
+    import torch
+    from transformers import Sam3Config, Sam3Model
+
+    import json
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        config = Sam3Config.from_pretrained(folder)
+    except Exception as e:
+        raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config ({first_line(e)}): pass a SAM3 checkpoint") from e
+    if model_type != "sam3":
+        raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config (model_type {model_type!r}): pass a SAM3 "
+                           "checkpoint")
+    with torch.device("meta"):
+        want, got = Sam3Model(expected).state_dict(), Sam3Model(config).state_dict()
+    differ = [f"{k} {tuple(got[k].shape)} vs {tuple(want[k].shape)}" for k in want if k in got and got[k].shape != want[k].shape]
+    missing = [k for k in want if k not in got]
+    if differ or missing:
+        raise WeightsError(f"{folder} is a SAM3 checkpoint of another architecture than `{architecture}`: "
+                           f"{key_problems(missing, [], differ)}: pass a checkpoint of the `{architecture}` "
+                           "architecture, or a config whose profile names its architecture")
+
+
+def load_meta_checkpoint(path: Path, config=None, architecture: str = "full"):
     """Meta's `sam3.pt` -> Sam3Model (Meta's architecture unless a config is given), every tensor accounted for.
     Names and shapes are compared on the meta device first: a checkpoint that does not fit costs no model (a
     full-size random init is 3 GB and most of a minute on a CPU)."""
@@ -75,7 +101,8 @@ def load_meta_checkpoint(path: Path, config=None):
                   for k, v in state.items() if k in expected and v.shape != expected[k].shape]
     problems = key_problems(missing, unexpected, mismatched)
     if problems:
-        raise WeightsError(f"{path} does not fit SAM3 as Meta's checkpoint format: {problems}")
+        raise WeightsError(f"{path} does not fit SAM3's `{architecture}` architecture as Meta's checkpoint format: "
+                           f"{problems}")
     model = Sam3Model(config).eval()
     model.load_state_dict(state, strict=True)
     return model
@@ -85,8 +112,8 @@ def build_model(settings: Settings):
     """The eager model the stage writes: seeded random init, an HF-format folder, or Meta's sam3.pt."""
     from .wrapper import full_config, random_model, tiny_config
 
+    config = tiny_config() if settings.architecture == "tiny" else full_config()
     if settings.weights == "random":
-        config = tiny_config() if settings.architecture == "tiny" else full_config()
         options = settings.stage("weights")
         spread = options["random_init"][settings.architecture]
         log.info("random init (%s architecture, seed %d, %s)", settings.architecture, options["seed"], spread)
@@ -94,10 +121,11 @@ def build_model(settings: Settings):
     path = Path(settings.weights)
     if path.is_dir() and (path / "config.json").exists():
         log.info("loading HF-format checkpoint %s", path)
+        check_architecture(path, config, settings.architecture)
         return load_hf_folder(path)
     if path.is_file() and path.suffix in META_SUFFIXES:
         log.info("converting Meta-format checkpoint %s", path)
-        return load_meta_checkpoint(path)
+        return load_meta_checkpoint(path, config, settings.architecture)
     raise WeightsError(f"weights={path}: expected random, an HF-format folder (config.json, model.safetensors) "
                        "or Meta's sam3.pt")
 

@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from ..runtime.files import human_size, sha256, write_text_atomic
+
+
+def read_manifest(manifest: Path) -> dict:
+    """The manifest, or an empty one where it is missing or damaged (not JSON, not a manifest): its stages are
+    then not intact and rebuild, and the next `record` writes a whole one."""
+    manifest = Path(manifest)
+    try:
+        data = json.loads(manifest.read_text())
+        if isinstance(data, dict) and isinstance(data.get("stages"), dict):
+            return data
+    except FileNotFoundError:
+        return {"stages": {}}
+    except (OSError, ValueError):
+        pass
+    _say_damaged(str(manifest))
+    return {"stages": {}}
+
+
+@functools.lru_cache(maxsize=None)
+def _say_damaged(manifest: str) -> None:
+    print(f"sam3-aoti: {manifest} is damaged (not a manifest): every stage that recorded its outputs there "
+          "rebuilds", file=sys.stderr)
+
+
+def write_manifest(manifest: Path, data: dict) -> None:
+    write_text_atomic(Path(manifest), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def describe(path: Path) -> dict:
@@ -15,12 +43,15 @@ def describe(path: Path) -> dict:
     if path.is_dir():
         return {"files": {p.name: describe(p) for p in sorted(path.iterdir()) if p.is_file()}}
     stat = path.stat()
-    return {"sha256": sha256(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"sha256": sha256(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
 
 
-def changed(path: Path, recorded: dict, rehash: bool = False) -> str | None:
-    """Why `path` no longer holds what the manifest recorded (None if it does). Size and mtime first; the
-    hash only when they moved, so an unchanged multi-GB package costs a stat, not a read."""
+def changed(path: Path, recorded: dict, rehash: bool = False, refreshed: list | None = None) -> str | None:
+    """Why `path` no longer holds what the manifest recorded (None if it does). Size first; the hash only when
+    the file's mtime or ctime moved (or `rehash`), so an unchanged multi-GB package costs a stat, not a read.
+    ctime moves on every write and cannot be set back: a byte changed in place with the size and mtime kept is
+    found too. A file whose times moved but whose hash still matches (a copied checkout) is appended to
+    `refreshed`, so that its new times can be recorded, as git's index refreshes a touched file."""
     path = Path(path)
     if "files" in recorded:
         if not path.is_dir():
@@ -29,7 +60,7 @@ def changed(path: Path, recorded: dict, rehash: bool = False) -> str | None:
         if extra:
             return f"holds {extra[0]}, which was not written by its stage"
         for name, entry in recorded["files"].items():
-            why = changed(path / name, entry, rehash)
+            why = changed(path / name, entry, rehash, refreshed)
             if why:
                 return f"{name} {why}"
         return None
@@ -38,23 +69,38 @@ def changed(path: Path, recorded: dict, rehash: bool = False) -> str | None:
     stat = path.stat()
     if stat.st_size != recorded["bytes"]:
         return f"has {stat.st_size} bytes, {recorded['bytes']} were written"
-    if (rehash or stat.st_mtime_ns != recorded.get("mtime_ns")) and sha256(path) != recorded["sha256"]:
-        return "was modified after its stage wrote it"
+    moved = (stat.st_mtime_ns, stat.st_ctime_ns) != (recorded.get("mtime_ns"), recorded.get("ctime_ns"))
+    if rehash or moved:
+        if sha256(path) != recorded["sha256"]:
+            return "was modified after its stage wrote it"
+        if moved and refreshed is not None:
+            refreshed.append((recorded, stat))
     return None
 
 
-def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bool = False) -> list[str]:
-    """`STAGE: PATH WHY` for every recorded output that no longer matches (all stages, or those given);
-    `rehash` hashes every file, not only those whose size or mtime moved."""
+def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bool = False,
+                     refresh: bool = False) -> list[str]:
+    """`STAGE: PATH WHY` for every recorded output that no longer matches (all stages, or those given), and
+    `STAGE: not recorded` for a stage asked for by name that has no entry; `rehash` hashes every file, not only
+    those whose times moved. `refresh` records the new times of files whose content still matches."""
     manifest = Path(manifest)
-    data = json.loads(manifest.read_text()) if manifest.exists() else {"stages": {}}
-    found = []
+    data = read_manifest(manifest)
+    found, refreshed = [], []
+    for stage in stages or []:
+        if stage not in data["stages"]:
+            found.append(f"{stage}: not recorded in {manifest.name}")
     for stage, entry in sorted(data["stages"].items()):
         if stages is None or stage in stages:
             for rel, recorded in entry.get("outputs", {}).items():
-                why = changed(manifest.parent / rel, recorded, rehash)
+                why = changed(manifest.parent / rel, recorded, rehash, refreshed)
                 if why:
                     found.append(f"{stage}: {rel} {why}")
+            if entry.get("intact") is False:
+                found.append(f"{stage}: `doit check` found its outputs changed")
+    if refresh and refreshed and not found:
+        for recorded, stat in refreshed:
+            recorded.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)
+        write_manifest(manifest, data)
     return found
 
 
@@ -63,16 +109,16 @@ def mark(manifest: Path, stage: str, **fields) -> None:
     manifest = Path(manifest)
     if not manifest.exists():
         return
-    data = json.loads(manifest.read_text())
+    data = read_manifest(manifest)
     if stage in data["stages"]:
         data["stages"][stage].update(fields)
-        write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_manifest(manifest, data)
 
 
 def record(manifest: Path, stage: str, outputs: list[Path], info: dict) -> dict:
     """Replace `stage`'s entry in the manifest: its outputs' hashes plus `info` (options, versions, ...)."""
     manifest = Path(manifest)
-    data = json.loads(manifest.read_text()) if manifest.exists() else {"stages": {}}
+    data = read_manifest(manifest)
     root = manifest.parent
     entry = {
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -80,7 +126,7 @@ def record(manifest: Path, stage: str, outputs: list[Path], info: dict) -> dict:
         **info,
     }
     data["stages"][stage] = entry
-    write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_manifest(manifest, data)
     return entry
 
 

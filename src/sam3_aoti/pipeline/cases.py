@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
-
 from ..errors import ConfigError
 from .paths import DEFAULT_CASES
+from .schema import check_known, read_toml
 
 
 @dataclass(frozen=True)
@@ -18,51 +17,61 @@ class Case:
     prompts: tuple[str, ...]
 
     def load_image(self):
-        """HxWx3 uint8 RGB (numpy)."""
-        import numpy as np
+        """HxWx3 uint8 RGB (numpy), read as `predict` reads an image (runtime.images: as a viewer shows it)."""
+        from ..errors import PackageError
+        from ..runtime.images import array_to_rgb8, read_image
 
         if self.image_ref.startswith("skimage:"):
             import skimage.data
 
-            image = getattr(skimage.data, self.image_ref.removeprefix("skimage:"))()
-        else:
-            from PIL import Image
-
-            try:
-                image = np.asarray(Image.open(self.image_ref).convert("RGB"))
-            except OSError as e:
-                raise ConfigError(f"case image {self.image_ref} unreadable ({e}): fix the path in the cases file") from None
-        if image.ndim == 2:
-            image = np.stack([image] * 3, axis=-1)
-        return np.ascontiguousarray(image[..., :3]).astype(np.uint8)
+            return array_to_rgb8(getattr(skimage.data, self.image_ref.removeprefix("skimage:"))())
+        try:
+            return read_image(Path(self.image_ref))
+        except PackageError as e:
+            raise ConfigError(f"case {self.name}: {e}") from None
 
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
+CASE_KEYS = {"case": ("image", "prompts"), "folder": ("path", "prompts")}
+
+
+def _tables(path: Path, table: dict, kind: str) -> list[dict]:
+    """`[[case]]` / `[[folder]]`: an array of tables, each with only the keys it can have."""
+    value = table.get(kind, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{path}: `{kind}` must be [[{kind}]] tables (an array of tables), got {value!r}: "
+                          f"write [[{kind}]] on a line of its own, then its keys")
+    for i, entry in enumerate(value):
+        for key in entry:
+            check_known(path, f"[[{kind}]] {i + 1}", key, CASE_KEYS[kind])
+    return value
 
 
 def folder_entries(path: Path, folders: list[dict]) -> list[tuple[str, dict]]:
     """`[[folder]]` tables: every image in `path` becomes a case with the folder's prompts."""
     entries = []
     for i, folder in enumerate(folders):
-        root = (Path(path).parent / folder.get("path", "")).resolve()
+        where = f"[[folder]] {i + 1}"
+        if not isinstance(folder.get("path"), str) or not folder["path"]:
+            raise ConfigError(f"{path} {where}: path must be a folder's path (a string), got {folder.get('path')!r}")
+        root = (Path(path).parent / folder["path"]).resolve()
         if not root.is_dir():
-            raise ConfigError(f"{path}: image folder {root} does not exist: fix `path` in its [[folder]] table")
-        images = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            raise ConfigError(f"{path} {where}: image folder {root} does not exist: fix `path` in its [[folder]] table")
+        images = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not images:
-            raise ConfigError(f"{path}: image folder {root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        entries += [(f"[[folder]] {i + 1} ({image.name})", {"image": str(image), "prompts": folder.get("prompts")})
+            raise ConfigError(f"{path} {where}: image folder {root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        entries += [(f"{where} ({image.name})", {"image": str(image), "prompts": folder.get("prompts")})
                     for image in images]
     return entries
 
 
 def case_entries(path: Path) -> list[tuple[str, dict]]:
     """(where, {image, prompts}) for every [[case]] and every image of every [[folder]], as written."""
-    try:
-        table = tomllib.loads(Path(path).read_text())
-    except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cases file {path} unreadable ({e}): fix it or restore cases.toml") from None
-    entries = [(f"[[case]] {i + 1}", entry) for i, entry in enumerate(table.get("case", []))]
-    entries += folder_entries(path, table.get("folder", []))
+    table = read_toml(path, "cases file", "fix it or restore cases.toml from the repository")
+    for key in table:
+        check_known(path, "the top level", key, tuple(CASE_KEYS))
+    entries = [(f"[[case]] {i + 1}", entry) for i, entry in enumerate(_tables(path, table, "case"))]
+    entries += folder_entries(path, _tables(path, table, "folder"))
     if not entries:
         raise ConfigError(f"{path} holds no [[case]] entries: add at least one image with prompts")
     return entries
@@ -80,8 +89,12 @@ def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
 
 
 def check_cases(path: Path) -> None:
-    """cases.toml: every image exists and decodes, every prompts entry is a non-empty list of non-empty strings."""
+    """cases.toml: every image exists, decodes and is of a size the package takes; every prompts entry is a
+    non-empty list of non-empty strings."""
     from PIL import Image, UnidentifiedImageError
+
+    from ..errors import PackageError
+    from ..runtime.images import check_size
 
     for where, entry in case_entries(path):
         prompts = entry.get("prompts")
@@ -90,7 +103,7 @@ def check_cases(path: Path) -> None:
                               f"got {prompts!r}: write prompts = [\"a cat\", \"a dog\"]")
         image = entry.get("image")
         if not isinstance(image, str) or not image:
-            raise ConfigError(f"{path} {where}: needs image = \"skimage:NAME\" or a path to an image file")
+            raise ConfigError(f"{path} {where}: needs image = \"skimage:NAME\" or a path to an image file, got {image!r}")
         if image.startswith("skimage:"):
             import skimage.data
 
@@ -104,6 +117,9 @@ def check_cases(path: Path) -> None:
             raise ConfigError(f"{path} {where}: image {file} does not exist: fix the path (relative to {path})")
         try:
             with Image.open(file) as picture:
+                check_size(file, picture.width, picture.height)
                 picture.verify()
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        except PackageError as e:
+            raise ConfigError(f"{path} {where}: {e}") from None
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
             raise ConfigError(f"{path} {where}: image {file} does not decode ({e}): replace or remove it") from None

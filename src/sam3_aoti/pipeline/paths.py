@@ -12,6 +12,47 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG = REPO_ROOT / "pipeline.toml"
 DEFAULT_CASES = REPO_ROOT / "cases.toml"
 PIN_TABLE = REPO_ROOT / "env" / "toolchain.toml"  # torch's CUDA line -> the pinned toolkit wheels
+ROOT_VARIABLE = "SAM3_AOTI_ROOT"  # how files under artifacts/ name the checkout: a copy of it stays whole
+
+
+def portable(value: str | None) -> str | None:
+    """A path string with the checkout's own prefix as `$SAM3_AOTI_ROOT`, so that no file under artifacts/
+    points into another checkout once this one is copied or moved (`resolve_portable` undoes it)."""
+    if not value:
+        return value
+    for root in dict.fromkeys([str(REPO_ROOT), str(REPO_ROOT.resolve())]):
+        if value == root or value.startswith(root + "/"):
+            return f"${ROOT_VARIABLE}{value[len(root):]}"
+    return value
+
+
+def resolve_portable(value: str) -> str:
+    return value.replace(f"${ROOT_VARIABLE}", str(REPO_ROOT))
+
+
+def space_free(path: Path) -> Path:
+    """`path`, or a link to it whose own path has no whitespace: torch's C++ build line quotes include folders
+    but not sources, outputs or library folders, so a compile under a path with a space fails. The link lives
+    in this user's cache (else the temp folder), named by a hash of `path`."""
+    import hashlib
+    import os
+    import tempfile
+
+    if not any(c.isspace() for c in str(path)):
+        return path
+    from ..runtime.scratch import cache_dir
+
+    base = cache_dir() / "links"
+    if any(c.isspace() for c in str(base)):
+        base = Path(tempfile.gettempdir()) / f"sam3-aoti-{os.getuid()}" / "links"
+    link = base / hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    base.mkdir(parents=True, exist_ok=True)
+    if not (link.is_symlink() and Path(os.readlink(link)) == path):
+        tmp = base / f".{link.name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        os.symlink(path, tmp)
+        os.replace(tmp, link)
+    return link
 
 
 @dataclass(frozen=True)

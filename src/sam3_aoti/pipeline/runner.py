@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from .paths import ProfilePaths
 from .settings import Settings, load_settings
 
 log = logging.getLogger("sam3_aoti")  # the package's logger: every module's `getLogger(__name__)` reaches it
+UNDER_DOIT = "SAM3_AOTI_UNDER_DOIT"  # set by doit for its stage processes: doit says "interrupted" itself
 
 
 class _Elapsed(logging.Formatter):
@@ -52,6 +56,17 @@ def stage_logging(settings: Settings, stage: str):
             log.debug("caused by", exc_info=(type(e.__cause__), e.__cause__, e.__cause__.__traceback__))
         log.error("failed: %s", e)
         raise
+    except OSError as e:
+        log.debug("traceback", exc_info=True)
+        if e.errno != errno.ENOSPC:
+            message = f"unexpected {first_line(e)} (traceback in {path})"
+            log.error("failed: %s", message)
+            raise Sam3AotiError(message) from None
+        free = shutil.disk_usage(path.parent).free
+        message = (f"the disk is full writing {e.filename or ProfilePaths.of(settings).root} ({free / 2**20:.0f} MB "
+                   "free on it): free some space (`uv run doit clean` of an old variant), then run again")
+        log.error("failed: %s", message)
+        raise Sam3AotiError(message) from None
     except Exception as e:  # a bug or an unforeseen library error: the traceback goes to the log only
         log.debug("traceback", exc_info=True)
         message = f"unexpected {first_line(e)} (traceback in {path})"
@@ -106,5 +121,6 @@ def main(stage: str, fn, description: str) -> None:
     except Sam3AotiError as e:
         sys.exit(e.exit_code)  # stage_logging already printed the one-line reason
     except KeyboardInterrupt:
-        print(f"{stage}: interrupted", file=sys.stderr)
+        if not os.environ.get(UNDER_DOIT):
+            print(f"{stage}: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -1,166 +1,207 @@
-"""The schema of pipeline.toml, checked when doit loads, before any stage runs: a wrong value is one line
-naming the file, the key and the fix, not an "unexpected ...Error" minutes into a build. Imports no torch.
-(cases.toml is checked by `cases.check_cases`.)
+"""The schema of pipeline.toml, checked when doit loads, before any stage runs: every key known, typed and in
+range, or one line naming the file, the table, the key and the fix (an unknown key with the closest known one),
+not an "unexpected ...Error" minutes into a build, nor a misspelt key silently left at its default. Numbers
+must be finite: NaN would fail every gate, and an infinite tolerance turns its gate off. Imports no torch.
+(cases.toml is checked by `cases.check_cases`, with `read_toml` and `check_known` from here.)
 
-Hand-written rather than pydantic or msgspec: each check is one table row (key, predicate, what the value must
-be), the message names the file, the table and the fix in one line, and the doit side stays free of a compiled
-dependency it would load on every `doit list`. A library would save the predicates and cost the messages."""
+Hand-written rather than pydantic or msgspec: each check is one row (key, predicate, what the value must be),
+the message names the file, the table and the fix in one line, and the doit side stays free of a compiled
+dependency it would load on every `doit list`. A library would save the predicates and cost the messages.
+"""
 
 from __future__ import annotations
 
+import difflib
+import math
+import tomllib
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..runtime.contract import OUTPUT_NAMES
 from .precision import PRECISIONS
 
 
-def _int(minimum: int):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+def read_toml(path: Path, what: str, fix: str) -> dict:
+    """A TOML file's tables, or one line: missing, a folder, unreadable, not UTF-8, not TOML."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} not found: {fix}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a file: {fix}") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path} cannot be read ({e.strerror}): {fix}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start}): {fix}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid TOML ({e}): {fix}") from None
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def check_known(path: Path, where: str, key: str, known) -> None:
+    """An unknown key is an error, with the closest known key suggested."""
+    if key in known:
+        return
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    hint = f"did you mean `{close[0]}`?" if close else f"known here: {', '.join(map(str, known))}"
+    raise ConfigError(f"{path} {where}: unknown key `{key}`: {hint}")
 
 
-def _pairs(v) -> bool:
-    return isinstance(v, list) and bool(v) and all(_pair(p) for p in v)
+def _int(low: int, high: int):
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
+            f"an integer from {low} to {high}")
+
+
+def _number(low: float = 0.0, high: float = math.inf, above: bool = False):
+    def check(v) -> bool:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return False
+        return (v > low if above else v >= low) and v <= high
+    bound = f"> {low:g}" if above else f">= {low:g}"
+    return check, f"a finite number {bound}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+
+
+def _choice(*values):
+    return (lambda v: v in values), " or ".join(f'"{v}"' for v in values)
+
+
+def _flag():
+    return (lambda v: isinstance(v, bool)), "true or false"
 
 
 def _pair(v) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(_int(1)(x) for x in v)
+    return isinstance(v, list) and len(v) == 2 and all(_int(1, 1024)[0](x) for x in v)
 
 
-def _unit(v) -> bool:
-    return _number(v) and 0 <= v <= 1
+def _pairs():
+    return ((lambda v: isinstance(v, list) and bool(v) and all(_pair(p) for p in v)),
+            "a list of [batch, prompts] pairs of integers from 1 to 1024, e.g. [[1, 1], [2, 3]]")
 
 
+def _distinct(choices, what: str):
+    return ((lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v) and all(c in choices for c in v)),
+            f"a list of distinct {what} from {', '.join(map(repr, choices))}")
+
+
+def _inductor():
+    """torch._inductor.config keys and plain values (`compile` checks the names against torch itself)."""
+    plain = (bool, int, float, str)
+    return ((lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, plain)
+                                                  and not (isinstance(x, float) and not math.isfinite(x))
+                                                  for k, x in v.items())),
+            "a table of torch._inductor.config keys with plain values")
+
+
+UNIT = _number(0.0, 1.0)
+TOLERANCE = _number(0.0)
 # [bench] columns: each name and its label in bench.md (bench.py reads the labels from here)
 BENCH_COLUMNS = {"meta": "Meta sam3 eager (bf16 autocast)", "transformers": "transformers eager",
                  "exported": "exported program", "aoti": "AOTI", "aoti_graphs": "AOTI + CUDA graphs"}
-PAIRS = "a list of [batch, prompts] pairs of positive integers, e.g. [[1, 1], [2, 3]]"
-# (table, key): (check, what the value must be). Every key here is read by a stage.
-PIPELINE_KEYS = {
-    ("weights", "seed"): (_int(0), "an integer >= 0"),
-    ("export", "example_batch"): (_int(2), "an integer >= 2 (a size-1 example specializes the dim away)"),
-    ("export", "example_prompts"): (_int(2), "an integer >= 2 (a size-1 example specializes the dim away)"),
-    ("export", "check_batch"): (_int(1), "a positive integer"),
-    ("export", "check_prompts"): (_int(1), "a positive integer"),
-    ("export", "transforms_example_size"): (lambda v: isinstance(v, list) and len(v) == 4 and v[1:2] == [3]
-                                            and all(_int(2)(x) for x in v[:1] + v[2:]),
-                                            "[batch, 3, height, width], each other size an integer >= 2"),
-    ("export", "masked_attention"): (lambda v: v in ("sdpa", "eager"), '"sdpa" or "eager"'),
-    ("export", "box_path_attention"): (lambda v: v in ("fp32", "bf16"), '"fp32" or "bf16"'),
-    ("compile", "sdpa_backends"): (lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
-                                  and all(b in ("cudnn", "flash", "efficient", "math") for b in v),
-                                  'a list of distinct SDPA kernels from "cudnn", "flash", "efficient", "math"'),
-    ("compile", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
-    ("tune", "enabled"): (lambda v: isinstance(v, bool), "true or false"),
-    ("tune", "inductor"): (lambda v: isinstance(v, dict), "a table of torch._inductor.config keys"),
-    ("verify", "shapes"): (_pairs, PAIRS),
-    ("verify", "largest_shape"): (_pair, "one [batch, prompts] pair of positive integers"),
-    ("bench", "shapes"): (_pairs, PAIRS),
-    ("bench", "warmup"): (_int(0), "an integer >= 0"),
-    ("bench", "iters"): (_int(1), "a positive integer"),
-    ("bench", "isa_probe_loaders"): (lambda v: isinstance(v, bool), "true or false"),
-    ("bench", "columns"): (lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
-                           and all(c in BENCH_COLUMNS for c in v), f"a list of distinct columns from {tuple(BENCH_COLUMNS)}"),
-    ("bench", "load_times"): (lambda v: isinstance(v, bool), "true or false"),
-    ("render", "score_threshold"): (_unit, "a number between 0 and 1"),
-    ("render", "max_instances"): (_int(1), "a positive integer"),
-}
-TOLERANCES = {
-    "max_abs": (_number, "a number"), "pearson_min": (_unit, "a number between 0 and 1"),
-    "top1_score_abs": (_number, "a number"), "top5_overlap_min": (_unit, "a number between 0 and 1"),
-    "box_abs": (_number, "a number"), "mask_iou_min": (_unit, "a number between 0 and 1"),
-}
-OPTIONAL_TOLERANCES = {"mask_band": (_number, "a number"), "max_rel": (_number, "a number")}
-PER_OUTPUT_TOLERANCES = ("max_abs", "max_rel")
-PARITY_TOLERANCES = {"top1_same_min": (_unit, "a number between 0 and 1"), "score_abs": (_number, "a number"), "box_abs": (_number, "a number"),
-                     "top5_overlap_min": (_unit, "a number between 0 and 1"),
-                     "mask_iou_min": (_unit, "a number between 0 and 1"), "pixels_max_levels": (_number, "a number")}
 ARCHITECTURES = ("tiny", "full")
 PARITY_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.parity)  # Meta has no fp8
-RANDOM_INIT = {"bias_noise": (lambda v: _number(v) and v >= 0, "a number >= 0")}
-OPTIONAL_RANDOM_INIT = {"matrix_gain": (lambda v: _number(v) and v > 0, "a number > 0")}
+
+# A table's keys: name -> (check, what the value must be, required). "*": one child table per name of the set.
+REQUIRED, OPTIONAL = True, False
+PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}
+VERIFY_TOLERANCES = {
+    "max_abs": (*TOLERANCE, REQUIRED), "max_rel": (*TOLERANCE, OPTIONAL), "pearson_min": (*UNIT, REQUIRED),
+    "top1_score_abs": (*TOLERANCE, REQUIRED), "top5_overlap_min": (*UNIT, REQUIRED), "box_abs": (*TOLERANCE, REQUIRED),
+    "mask_iou_min": (*UNIT, REQUIRED), "mask_band": (*TOLERANCE, OPTIONAL),
+    "per_output": ({"*": (OUTPUT_NAMES, PER_OUTPUT)}, OPTIONAL),
+}
+PARITY_TOLERANCES = {
+    "top1_same_min": (*UNIT, REQUIRED), "score_abs": (*TOLERANCE, REQUIRED), "box_abs": (*TOLERANCE, REQUIRED),
+    "top5_overlap_min": (*UNIT, REQUIRED), "mask_iou_min": (*UNIT, REQUIRED),
+    "pixels_max_levels": (*_number(0.0, 255.0), REQUIRED), "mask_band": (*TOLERANCE, OPTIONAL),
+}
+SCHEMA = {
+    "profiles": ({"*": (("tiny", "sam3"), {
+        "architecture": (*_choice(*ARCHITECTURES), REQUIRED),
+        "precision": (*_choice(*PRECISIONS), OPTIONAL),
+    })}, REQUIRED),
+    "weights": ({
+        "seed": (*_int(0, 2**32 - 1), REQUIRED),
+        "random_init": ({"*": (ARCHITECTURES, {
+            "bias_noise": (*_number(0.0, 10.0), REQUIRED),
+            "matrix_gain": (*_number(0.0, 100.0, above=True), OPTIONAL),
+        })}, REQUIRED),
+    }, REQUIRED),
+    "export": ({
+        "example_batch": (*_int(2, 64), REQUIRED),  # >= 2: a size-1 example specializes the dim away
+        "example_prompts": (*_int(2, 64), REQUIRED),
+        "check_batch": (*_int(1, 64), REQUIRED),
+        "check_prompts": (*_int(1, 64), REQUIRED),
+        "transforms_example_size": ((lambda v: isinstance(v, list) and len(v) == 4 and v[1:2] == [3]
+                                     and all(_int(2, 8192)[0](x) for x in v[:1] + v[2:])),
+                                    "[batch, 3, height, width], each other size an integer from 2 to 8192", REQUIRED),
+        "masked_attention": (*_choice("sdpa", "eager"), REQUIRED),
+        "box_path_attention": (*_choice("fp32", "bf16"), REQUIRED),
+    }, REQUIRED),
+    "compile": ({
+        "inductor": (*_inductor(), REQUIRED),
+        "sdpa_backends": (*_distinct(("cudnn", "flash", "efficient", "math"), "SDPA kernels"), REQUIRED),
+    }, REQUIRED),
+    "tune": ({"enabled": (*_flag(), REQUIRED), "inductor": (*_inductor(), REQUIRED)}, REQUIRED),
+    "verify": ({
+        "shapes": (*_pairs(), REQUIRED),
+        "largest_shape": ((lambda v: _pair(v)), "one [batch, prompts] pair of integers from 1 to 1024", REQUIRED),
+        "tolerances": ({"*": (tuple(PRECISIONS), VERIFY_TOLERANCES)}, REQUIRED),
+    }, REQUIRED),
+    "bench": ({
+        "shapes": (*_pairs(), REQUIRED),
+        "warmup": (*_int(0, 10_000), REQUIRED),
+        "iters": (*_int(1, 100_000), REQUIRED),
+        "isa_probe_loaders": (*_flag(), REQUIRED),
+        "columns": (*_distinct(tuple(BENCH_COLUMNS), "columns"), REQUIRED),
+        "load_times": (*_flag(), REQUIRED),
+    }, REQUIRED),
+    "parity": ({"tolerances": ({"*": (PARITY_PRECISIONS, PARITY_TOLERANCES)}, REQUIRED)}, REQUIRED),
+    "render": ({
+        "score_threshold": (*UNIT, REQUIRED),
+        "max_instances": (*_int(1, 200), REQUIRED),
+    }, REQUIRED),
+}
 
 
-def _check(path: Path, where: str, table: dict, key: str, spec: tuple, required: bool = True) -> None:
-    check, expected = spec
-    if key not in table:
-        if required:
-            raise ConfigError(f"{path} [{where}] has no `{key}`: add it ({expected})")
+def _walk(path: Path, where: str, table, schema: dict) -> None:
+    """Check `table` (the TOML table at `where`) against `schema`, recursively."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path} [{where}] must be a table, got {table!r}: restore it from the repository's "
+                          "pipeline.toml")
+    if "*" in schema:  # one child table per name of a fixed set
+        names, child = schema["*"]
+        for name in table:
+            check_known(path, f"[{where}]", name, names)
+        for name, value in table.items():
+            _walk(path, f"{where}.{name}", value, child)
         return
-    if not check(table[key]):
-        raise ConfigError(f"{path} [{where}] {key} must be {expected}, got {table[key]!r}: fix the file")
-
-
-def _table(path: Path, tables: dict, name: str) -> dict:
-    value = tables
-    for part in name.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path} has no [{name}] table: restore it from the repository's pipeline.toml")
-    return value
+    for key in table:
+        check_known(path, f"[{where}]" if where else "at the top level", key, schema)
+    for key, spec in schema.items():
+        label = f"{where}.{key}" if where else key
+        required = spec[-1]
+        if key not in table:
+            if required and isinstance(spec[0], dict):
+                raise ConfigError(f"{path} has no [{label}] table: restore it from the repository's pipeline.toml")
+            if required:
+                raise ConfigError(f"{path} [{where}] has no `{key}`: add it ({spec[1]})")
+            continue
+        if isinstance(spec[0], dict):
+            _walk(path, label, table[key], spec[0])
+        elif not spec[0](table[key]):
+            raise ConfigError(f"{path} [{where}] {key} must be {spec[1]}, got {table[key]!r}: fix the file")
 
 
 def check_pipeline(path: Path, tables: dict, profiles: tuple, precisions: tuple) -> None:
-    """Every key a stage reads: present, of the right type and range."""
-    profile_tables = _table(path, tables, "profiles")
+    """Every key of pipeline.toml: known, of the right type, finite and in range; every profile present."""
+    _walk(path, "", tables, SCHEMA)
     for name in profiles:
-        profile = _table(path, tables, f"profiles.{name}")
-        _check(path, f"profiles.{name}", profile, "architecture",
-               (lambda v: v in ARCHITECTURES, f"one of {', '.join(ARCHITECTURES)}"))
-        _check(path, f"profiles.{name}", profile, "precision",
-               (lambda v: v in precisions, f"one of {', '.join(precisions)}"), required=False)
-    unknown = sorted(set(profile_tables) - set(profiles))
-    if unknown:
-        raise ConfigError(f"{path} [profiles.{unknown[0]}] is not a profile this pipeline builds: "
-                          f"keep {', '.join(profiles)}")
-    for (name, key), spec in PIPELINE_KEYS.items():
-        _check(path, name, _table(path, tables, name), key, spec)
-    for architecture in ARCHITECTURES:
-        where = f"weights.random_init.{architecture}"
-        for key, spec in RANDOM_INIT.items():
-            _check(path, where, _table(path, tables, where), key, spec)
-        for key, spec in OPTIONAL_RANDOM_INIT.items():
-            _check(path, where, _table(path, tables, where), key, spec, required=False)
-    tolerances = _table(path, tables, "verify.tolerances")
-    for precision in sorted(tolerances):
-        if precision not in precisions:
-            raise ConfigError(f"{path} [verify.tolerances.{precision}]: no such precision, use {', '.join(precisions)}")
-        where = f"verify.tolerances.{precision}"
-        table = _table(path, tables, where)
-        for key, spec in TOLERANCES.items():
-            _check(path, where, table, key, spec)
-        for key, spec in OPTIONAL_TOLERANCES.items():
-            _check(path, where, table, key, spec, required=False)
-        check_per_output(path, where, table)
-    # parity compares a build with Meta's model run the same way; Meta has no fp8 (verify gates fp8 against bf16)
+        if name not in tables["profiles"]:
+            raise ConfigError(f"{path} has no [profiles.{name}] table: restore it from the repository's pipeline.toml")
     for precision in PARITY_PRECISIONS:
-        where = f"parity.tolerances.{precision}"
-        for key, spec in PARITY_TOLERANCES.items():
-            _check(path, where, _table(path, tables, where), key, spec)
-        _check(path, where, _table(path, tables, where), "mask_band", (_number, "a number"), required=False)
-
-
-def check_per_output(path: Path, where: str, table: dict) -> None:
-    """[verify.tolerances.<precision>.per_output.<output>]: max_abs and/or max_rel for one output."""
-    from ..runtime.contract import OUTPUT_NAMES
-
-    if "per_output" not in table:
-        return
-    per_output = table["per_output"]
-    if not isinstance(per_output, dict):
-        raise ConfigError(f"{path} [{where}] per_output must be a table of outputs, got {per_output!r}: fix the file")
-    for name, own in per_output.items():
-        if name not in OUTPUT_NAMES or not isinstance(own, dict):
-            raise ConfigError(f"{path} [{where}.per_output.{name}] is not an output: use one of {', '.join(OUTPUT_NAMES)}")
-        for key in PER_OUTPUT_TOLERANCES:
-            _check(path, f"{where}.per_output.{name}", own, key, (_number, "a number"), required=False)
-        unknown = sorted(set(own) - set(PER_OUTPUT_TOLERANCES))
-        if unknown:
-            raise ConfigError(f"{path} [{where}.per_output.{name}] {unknown[0]} is not a per-output tolerance: "
-                              "use max_abs or max_rel")
+        if precision not in tables["parity"]["tolerances"]:
+            raise ConfigError(f"{path} has no [parity.tolerances.{precision}] table: restore it from the "
+                              "repository's pipeline.toml")
 
 
 def check_tolerances_for(path: Path, tables: dict, precision: str) -> None:
@@ -168,10 +209,10 @@ def check_tolerances_for(path: Path, tables: dict, precision: str) -> None:
         raise ConfigError(f"{path} has no [verify.tolerances.{precision}] table: add one to verify {precision} builds")
 
 
-
-
 def check_variables(given: dict, known: tuple) -> None:
     """doit takes any NAME=VALUE; a misspelt one would be ignored and another variant built."""
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ConfigError(f"unknown variable {unknown[0]}={given[unknown[0]]}: use {', '.join(known)}")
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown variable {unknown[0]}={given[unknown[0]]}{hint}: use {', '.join(known)}")

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import tomllib
 
 from ..errors import ConfigError
 from ..runtime.files import write_text_atomic
-from .paths import DEFAULT_CONFIG, REPO_ROOT
+from .paths import DEFAULT_CONFIG, REPO_ROOT, portable, resolve_portable
 from .precision import PRECISIONS, Precision
 
 PROFILES = ("tiny", "sam3")
@@ -56,8 +55,9 @@ class Settings:
     def write(self, path: Path) -> None:
         """The resolved settings as one JSON file, what a stage process reads (`read`)."""
         body = {"format": SETTINGS_FORMAT, "profile": self.profile, "device": self.device,
-                "precision": self.precision, "weights": self.weights, "config_path": str(self.config_path),
-                "artifacts_root": str(self.artifacts_root), "toolkit": self.toolkit, "tables": self.tables}
+                "precision": self.precision, "weights": portable(self.weights),
+                "config_path": portable(str(self.config_path)), "artifacts_root": portable(str(self.artifacts_root)),
+                "toolkit": self.toolkit, "tables": self.tables}
         text = json.dumps(body, indent=2, sort_keys=True) + "\n"
         if not (path.is_file() and path.read_text() == text):
             write_text_atomic(path, text)
@@ -69,9 +69,9 @@ class Settings:
             body = json.loads(Path(path).read_text())
             if body.get("format") != SETTINGS_FORMAT:
                 raise ValueError(f"format {body.get('format')!r}")
-            return cls(body["profile"], body["device"], body["precision"], body["weights"],
-                       Path(body["config_path"]), Path(body["artifacts_root"]), body["tables"],
-                       toolkit=body["toolkit"])
+            return cls(body["profile"], body["device"], body["precision"], resolve_portable(body["weights"]),
+                       Path(resolve_portable(body["config_path"])), Path(resolve_portable(body["artifacts_root"])),
+                       body["tables"], toolkit=body["toolkit"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"settings file {path} is unreadable ({e}): run the stage through `uv run doit`, "
                               "or pass --profile/--device/... instead of --settings") from None
@@ -147,16 +147,10 @@ def load_settings(
     artifacts: str | os.PathLike | None = None,
     toolkit: str | None = None,
 ) -> Settings:
+    from .schema import check_pipeline, check_tolerances_for, read_toml
+
     config_path = Path(config) if config else DEFAULT_CONFIG
-    try:
-        tables = tomllib.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {config_path} not found: pass config=PATH to an existing pipeline.toml") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {config_path} is not valid TOML ({e}): fix the file") from None
-
-    from .schema import check_pipeline, check_tolerances_for
-
+    tables = read_toml(config_path, "config file", "pass config=PATH to a pipeline.toml, or restore the repository's")
     check_pipeline(config_path, tables, PROFILES, tuple(PRECISIONS))
     profile = profile or "tiny"
     if profile not in PROFILES:

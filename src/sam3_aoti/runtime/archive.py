@@ -11,16 +11,9 @@ METADATA_FILE = "metadata.json"
 VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
 MODEL_NAMES = ("model", "transforms")
 
-METADATA_FILE = "metadata.json"
-
-
-VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
-
-
-MODEL_NAMES = ("model", "transforms")
-
 
 def read_extra_files(path: Path) -> dict:
+    """The archive's metadata and vocabulary, by name (a one-line error for anything that is no package)."""
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive_entries(archive)

@@ -8,7 +8,9 @@ sigmoid(presence), threshold, masks resized to the image; writes an overlay PNG 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,19 +19,22 @@ from ..errors import PackageError, Sam3AotiError, first_line
 from .images import read_image
 
 
-def check_output(output: Path) -> None:
-    """PREFIX.png and PREFIX.json can be written: checked before the package loads and the model runs."""
+def check_output(output: Path) -> list[Path]:
+    """PREFIX.png and PREFIX.json can be written: checked before the package loads and the model runs. Returns
+    the folders it created, for a failed run to remove."""
     import os
 
     for target in outputs_of(output):
         if target.is_dir():
             raise PackageError(f"{target} is a folder: pass --output a path prefix such as out/roof")
+    created = [p for p in [output.parent, *output.parent.parents] if not p.exists()]
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PackageError(f"cannot create {output.parent} ({first_line(e)}): pass another --output") from None
     if not os.access(output.parent, os.W_OK | os.X_OK):
         raise PackageError(f"{output.parent} is not writable: pass another --output")
+    return created
 
 
 def package_device(metadata: dict) -> str:
@@ -43,15 +48,27 @@ def package_device(metadata: dict) -> str:
 
 
 def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
-            trust: bool = False) -> dict:
+            trust: bool = False, sha256: str | None = None) -> dict:
+    created = check_output(output)
+    try:
+        return _predict(package_path, image_path, prompts, threshold, output, trust, sha256)
+    except BaseException:
+        for folder in created:  # the outermost last: only what this run made, and only if still empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
+             trust: bool, sha256: str | None) -> dict:
     import torch
 
     from .loader import load_package
     from .postprocess import instances, overlay, to_tensor
 
-    check_output(output)
     image = read_image(image_path)
-    package = load_package(package_path, trust=trust, cuda_graphs=False)  # one call: a capture would only add warm-ups
+    # cuda_graphs off: one call, and a capture would only add warm-ups
+    package = load_package(package_path, trust=trust, cuda_graphs=False, sha256=sha256)
     device = package_device(package.metadata)
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -79,14 +96,15 @@ def outputs_of(output: Path) -> tuple[Path, Path]:
     return output.parent / f"{output.name}.png", output.parent / f"{output.name}.json"
 
 
-def show_info(path: Path, as_json: bool, trust: bool) -> None:
+def show_info(path: Path, as_json: bool, trust: bool, sha256: str | None) -> None:
     from .info import archive_info, format_info
 
-    info = archive_info(path, trust)
+    info = archive_info(path, trust, sha256)
     print(json.dumps(info, indent=2) if as_json else format_info(info))
 
 
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into a program that closes early (`| head`): quiet
     try:
         run_command(argv)
     except Sam3AotiError as e:
@@ -109,19 +127,22 @@ def run_command(argv: list[str] | None) -> None:
     run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
     run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
     run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
-    run.add_argument("--trust", action="store_true", help="load a package that carries no digest (it runs native code)")
+    run.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package (instead of "
+                                      "the .sha256 file beside it)")
+    run.add_argument("--trust", action="store_true", help="load a package with no digest to check (it runs native code)")
     info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
     info.add_argument("package", type=Path, help="the .pt2 archive")
     info.add_argument("--json", action="store_true", help="print JSON for machines")
-    info.add_argument("--trust", action="store_true", help="describe a package that carries no digest")
+    info.add_argument("--sha256", help="the package's sha256 (instead of the .sha256 file beside it)")
+    info.add_argument("--trust", action="store_true", help="describe a package with no digest to check")
     args = parser.parse_args(argv)
     if args.command == "info":
-        show_info(args.package, args.json, args.trust)
+        show_info(args.package, args.json, args.trust, args.sha256)
         return
     if not 0.0 <= args.threshold <= 1.0:
         parser.error("--threshold must be between 0 and 1")
     output = args.output or Path(f"{args.image.stem}_sam3")
-    result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust)
+    result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust, args.sha256)
     picture, record = outputs_of(output)
     print(f"{len(result['instances'])} instance(s) in {result['seconds'] * 1000:.0f} ms ({result['backend']}): "
           f"{picture}, {record}")

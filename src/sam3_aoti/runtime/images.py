@@ -1,4 +1,11 @@
-"""The image reader of `predict`: any PIL mode to HxWx3 uint8 RGB, with a size limit and one-line errors."""
+"""The one image reader (`predict`, verify's and render's cases): a file, or an array, to HxWx3 uint8 RGB as an
+image viewer shows it, with its size limits stated in pixels of the file and one-line errors.
+
+As a viewer shows it: the EXIF orientation applied (a phone's portrait photograph stands upright); 16- and
+32-bit greys scaled from their range to 8 bits (PIL's own convert clips them, turning a 16-bit scan almost
+entirely white); floats in [0, 1] scaled to [0, 255]; palettes, CMYK, YCbCr and LAB converted; transparency
+composited over white, as a browser shows it on a white page; the first frame of a multi-page file.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +14,84 @@ from pathlib import Path
 from ..errors import PackageError, first_line
 
 MAX_PIXELS = 100_000_000  # about 10,000 x 10,000: larger rasters are tiled by the caller
+MIN_SIDE = 2  # the transforms resize from at least 2 x 2 pixels
+WIDE_GREYS = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def _grey_to_rgb8(grey, top: float):
+    import numpy as np
+
+    level = np.clip(grey.astype(np.float64) / max(top, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return np.repeat(level[..., None], 3, axis=-1)
 
 
 def to_rgb8(image):
-    """HxWx3 uint8 RGB from any PIL mode: 16-bit and 32-bit greys are scaled to 8 bits (PIL's own convert
-    clips them, turning a 16-bit scan almost entirely white), palettes and alpha are resolved."""
+    """HxWx3 uint8 RGB from a PIL image of any mode, oriented as its EXIF says."""
     import numpy as np
+    from PIL import Image, ImageOps
 
-    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+    image = ImageOps.exif_transpose(image)
+    if image.mode in WIDE_GREYS:
         grey = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") or (image.mode == "I" and grey.max() <= 65535) else grey.max()
-        grey = np.clip(grey / max(top, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return np.repeat(grey[..., None], 3, axis=-1)
+        if image.mode.startswith("I;16") or (image.mode == "I" and grey.max() <= 65535):
+            top = 65535.0
+        elif image.mode == "F" and grey.max() <= 1.0:
+            top = 1.0
+        else:
+            top = float(grey.max())
+        return _grey_to_rgb8(grey, top)
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, rgba)
     return np.array(image.convert("RGB"))
 
 
+def array_to_rgb8(array):
+    """HxWx3 uint8 RGB from an array image (a decoded file, skimage's samples): grey, RGB or RGBA; uint8,
+    uint16 (scaled from 65535), or floats in [0, 1]."""
+    import numpy as np
+
+    array = np.asarray(array)
+    if array.dtype == np.uint16:
+        array = (array.astype(np.float64) / 65535.0 * 255.0 + 0.5).astype(np.uint8)
+    elif np.issubdtype(array.dtype, np.floating):
+        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    elif array.dtype == bool:
+        array = array.astype(np.uint8) * 255
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    if array.ndim == 3 and array.shape[-1] == 4:
+        alpha = array[..., 3:].astype(np.float64) / 255.0
+        array = (array[..., :3] * alpha + 255.0 * (1.0 - alpha) + 0.5).astype(np.uint8)
+    return np.ascontiguousarray(array[..., :3]).astype(np.uint8)
+
+
+def check_size(where, width: int, height: int) -> None:
+    pixels = width * height
+    if pixels > MAX_PIXELS:
+        raise PackageError(f"{where} is {width} x {height} pixels ({pixels / 1e6:.0f} MP), over the "
+                           f"{MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile")
+    if min(width, height) < MIN_SIDE:
+        raise PackageError(f"{where} is {width} x {height} pixels: the package takes images of at least "
+                           f"{MIN_SIDE} x {MIN_SIDE} pixels")
+
+
 def read_image(path: Path):
-    """HxWx3 uint8 RGB, or a one-line error."""
+    """HxWx3 uint8 RGB as a viewer shows the file, or a one-line PackageError naming the file."""
     from PIL import Image, UnidentifiedImageError
 
+    path = Path(path)
     try:
         with Image.open(path) as image:
-            pixels = image.width * image.height
-            if pixels > MAX_PIXELS:
-                raise PackageError(f"{path} is {image.width} x {image.height} ({pixels / 1e6:.0f} MP), over the "
-                                   f"{MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile")
+            check_size(path, image.width, image.height)
             return to_rgb8(image)
     except FileNotFoundError:
-        raise PackageError(f"no image at {path}: pass --image an existing PNG/JPEG/TIFF file") from None
+        raise PackageError(f"no image at {path}: pass an existing PNG/JPEG/TIFF file") from None
+    except IsADirectoryError:
+        raise PackageError(f"{path} is a folder, not an image: pass a PNG/JPEG/TIFF file") from None
     except Image.DecompressionBombError:
         raise PackageError(f"{path} is over the {MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:

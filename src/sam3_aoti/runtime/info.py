@@ -9,15 +9,16 @@ from pathlib import Path
 from ..errors import PackageError
 from .archive import METADATA_FILE, archive_entries, fallback_of
 from .files import human_size
-from .integrity import check_package
+from .integrity import check_entries, check_package
 
 
-def archive_info(path: str | Path, trust: bool = False) -> dict:
+def archive_info(path: str | Path, trust: bool = False, sha256: str | None = None) -> dict:
     """What a package holds, read from the zip alone (no torch, no native code run): models and backends,
     inputs and outputs, dynamic dims, precision, the GPU it was built for, versions, weights hash, sizes."""
     path = Path(path)
     if not path.is_file():
         raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
+    check_entries(path)
     try:
         with zipfile.ZipFile(path) as archive:
             entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
@@ -37,7 +38,7 @@ def archive_info(path: str | Path, trust: bool = False) -> dict:
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
         reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
         raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
-    integrity = check_package(path, trust=trust)
+    integrity = check_package(path, trust=trust, digest=sha256)
     fallback = fallback_of(path)
     models = {}
     for name, described in metadata.get("models", {}).items():

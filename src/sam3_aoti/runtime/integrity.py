@@ -1,9 +1,11 @@
-"""Is this the package its build wrote? Checked before any shared object in it is loaded: a .pt2 holds native
-code, and loading a package runs it. Imports no torch.
+"""Is this the package the user vouches for? Checked before torch's loader opens the archive: a .pt2 holds
+native code, and loading a package runs it. Imports no torch.
 
-Two records, written by the `package` stage: `sam3.pt2.sha256` beside the archive (the whole file, in
-`sha256sum` format) and, inside the metadata, the sha256 of every compiled part (code and weights), for a
-package that travels without its digest file.
+Trust comes from outside the archive: its sha256 against the `sam3.pt2.sha256` file beside it (`sha256sum`
+format, written by the `package` stage and fetched with the package) or a digest the caller passes; without
+either, only `trust=True` (`--trust`) loads it. The metadata's own part digests prove nothing about who made
+the archive (a crafted one recomputes them): they only catch damage in a trusted package. Every entry name is
+checked first, whatever the trust: no path out of the archive's folder, no link, only what a package holds.
 
 Hashing 1.7 GB costs about a second, as much as loading it. A check that passed is remembered the way git's index
 remembers a clean file: by the file's identity and change times (device, inode, size, mtime and ctime, in
@@ -18,24 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import re
+import stat
 import time
 import zipfile
 from pathlib import Path
 
 from ..errors import PackageError
 from .archive import archive_entries
+from .scratch import cache_dir
 from .files import sha256, stream_sha256, write_text_atomic
 
 AOTI_PREFIX = "data/aotinductor/"
 KEEP_RECORDS = 256  # remembered checks; the oldest go first
 RACY_NS = 1_000_000_000  # a file changed this recently is hashed again next time
-
-
-def cache_dir() -> Path:
-    if os.environ.get("SAM3_AOTI_CACHE"):
-        return Path(os.environ["SAM3_AOTI_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sam3-aoti"
 
 
 def _check_record(package: Path, how: str) -> Path:
@@ -67,50 +65,105 @@ def write_digest(package: Path) -> None:
     write_text_atomic(digest_file(package), f"{sha256(package)}  {Path(package).name}\n")
 
 
-def check_package(package: Path, trust: bool = False) -> str:
-    """Raise a one-line PackageError unless the archive is what its build recorded; returns how it was
-    checked. `trust` loads a package that carries no digest at all (never one that mismatches)."""
+# What a package (or its exported-program fallback) may hold, by name inside its root folder: nothing else
+# reaches torch's loader, which unpacks entries by name and loads the shared objects among them.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+PACKAGE_ENTRIES = (r"archive_format", r"archive_version", r"byteorder", r"\.data/version", r"\.data/serialization_id",
+                   r"data/aotinductor/(model|transforms)/[A-Za-z0-9_][A-Za-z0-9_.\-]*",
+                   r"extra/metadata\.json", r"extra/tokenizer/bpe_simple_vocab_16e6\.txt",
+                   # the exported programs (the fallback archive)
+                   r"models/(model|transforms)\.json", r"data/(weights|constants)/[A-Za-z0-9_.\-]+",
+                   r"data/sample_inputs/(model|transforms)\.pt")
+KNOWN_ENTRY = re.compile("^(" + "|".join(PACKAGE_ENTRIES) + ")$")
+
+
+def check_entries(package: Path) -> None:
+    """Every entry of the archive is a plain file a package has, under one root folder: no absolute path, no
+    `..`, no link, no device, no name twice. Checked before torch's loader sees the archive: it unpacks by name."""
+    try:
+        with zipfile.ZipFile(package) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+    roots, seen = set(), set()
+    for info in infos:
+        name = info.filename
+        root, _, inner = name.partition("/")
+        kind = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0  # 0: no type recorded
+        if (name.startswith("/") or "\\" in name or not SAFE_NAME.match(root) or not KNOWN_ENTRY.match(inner)
+                or ".." in name.split("/") or kind not in (0, stat.S_IFREG) or name in seen):
+            raise PackageError(f"{package} holds the entry {name!r}, which no sam3-aoti package has (a path out of "
+                               "its folder, a link, or a file its build does not write): refusing to open it")
+        roots.add(root)
+        seen.add(name)
+    if len(roots) != 1:
+        raise PackageError(f"{package} has {len(roots)} root folders ({', '.join(sorted(roots)[:3])}), a package has "
+                           "one: refusing to open it")
+
+
+def normalize_digest(digest: str) -> str:
+    digest = digest.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise PackageError(f"sha256 {digest!r} is not a sha256 (64 hex digits): pass the digest of the package")
+    return digest
+
+
+def check_package(package: Path, trust: bool = False, digest: str | None = None) -> str:
+    """Raise a one-line PackageError unless the archive is the one the user vouches for; returns how it was
+    checked. A package is native code, and nothing it says about itself proves who made it: it loads when its
+    sha256 equals a digest obtained beside or before it (`digest`, else the `.sha256` file beside it), or when
+    the user trusts it (`trust`; its parts are then still checked against the metadata, to catch damage).
+    Every entry name is checked first (`check_entries`), trusted or not."""
     package = Path(package)
+    if not package.is_file():
+        raise PackageError(f"{package} does not exist or is not a file: pass the .pt2 file the `package` stage wrote")
+    check_entries(package)
     recorded = digest_file(package)
-    if recorded.is_file():
-        digest = (recorded.read_text().split() or [""])[0]
+    digest_passed = digest is not None
+    source = "the digest passed in" if digest else recorded.name
+    if digest is None and recorded.is_file():
+        try:
+            digest = (recorded.read_text().split() or [""])[0]
+        except (OSError, UnicodeDecodeError):
+            raise PackageError(f"{recorded} cannot be read: fetch the package's digest file again") from None
+    if digest is not None:
+        digest = normalize_digest(digest)
         record = _check_record(package, digest)
         if record.is_file():
-            return f"matches {recorded.name} (checked before; file unchanged since)"
+            return f"matches {source} (checked before; file unchanged since)"
         if sha256(package) != digest:
-            raise PackageError(f"{package} does not match its digest {recorded.name}: it was modified or damaged "
-                               "since it was built; rebuild it (`uv run doit package`) or fetch it again")
+            raise PackageError(f"{package} does not match {source if digest_passed else 'its digest ' + source}: it was "
+                               "modified or damaged since it was built; "
+                               "rebuild it (`uv run doit package`) or fetch it again")
         _remember(package, record)
-        return f"matches {recorded.name}"
-    try:
-        record = _check_record(package, "parts")
-    except OSError:
-        raise PackageError(f"{package} does not exist or cannot be read") from None
-    if record.is_file():
-        return "parts match the metadata's digests (checked before; file unchanged since)"
+        return f"matches {source}"
+    if not trust:
+        raise PackageError(f"{package} has no digest beside it ({recorded.name}) and none was passed: a package is "
+                           "native code and a digest inside it proves nothing; fetch its .sha256 with it, pass "
+                           "--sha256 (sha256=...), or --trust (trust=True) if you vouch for it")
+    _check_parts(package)
+    return "no digest: trusted (--trust); parts match the metadata's digests"
+
+
+def _check_parts(package: Path) -> None:
+    """A trusted package's parts against its metadata's digests: damage, not authenticity."""
     try:
         with zipfile.ZipFile(package) as archive:
             entries = archive_entries(archive)
             metadata = json.loads(archive.read(entries["extra/metadata.json"]))
-            parts = metadata.get("parts_sha256")
-            if not parts:
-                if trust:
-                    return "no digest (trusted)"
-                raise PackageError(f"{package} carries no digest ({recorded.name} beside it, or parts_sha256 in its "
-                                   "metadata): load it only if you vouch for it (--trust / trust=True)")
+            parts = metadata.get("parts_sha256") or {}
             code = [name for name in entries if name.startswith(AOTI_PREFIX)]
             for name in code:
                 if name not in parts:
+                    if not parts:
+                        return  # an older build without part digests: nothing to compare
                     raise PackageError(f"{package} holds {name}, which its build did not write: refusing to load it")
                 with archive.open(entries[name]) as part:
-                    digest = stream_sha256(part)
-                if digest != parts[name]:
-                    raise PackageError(f"{package}: {name} does not match its recorded digest: the package was "
-                                       "modified; rebuild it (`uv run doit package`) or fetch it again")
+                    if stream_sha256(part) != parts[name]:
+                        raise PackageError(f"{package}: {name} does not match its recorded digest: the package was "
+                                           "modified; rebuild it (`uv run doit package`) or fetch it again")
             missing = sorted(set(parts) - set(code))
             if missing:
                 raise PackageError(f"{package} lacks {missing[0]}, which its build wrote: rebuild it")
     except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError):
         raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
-    _remember(package, record)
-    return "parts match the metadata's digests"

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
-from .archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, fallback_of, read_extra_files
+from .archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, archive_entries, fallback_of, read_extra_files
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import check_package
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Sam3Package:
@@ -63,22 +64,60 @@ class Sam3Package:
 
 
 class AotiRunner:
-    """One AOTI model from torch's C++ package loader, called with tensors (what torch's `AOTICompiledModel`
-    does, without importing torch.export's serializer: 3 s). Inputs are made contiguous: the runner reads
-    dense row-major memory, and a permuted view (an HWC image turned CHW) would be read wrongly, silently."""
+    """One AOTI model of the archive, called with tensors. Its files are unpacked into this process's own
+    temporary folder (`scratch`; torch's package loader would unpack into /tmp/XXXXXX, left there when a load
+    is interrupted), loaded with torch's model runner, and its weights read from the blob, which is then
+    removed: the code stays for the life of the runner (CUDA kernels load on first use). Inputs are made
+    contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would
+    be read wrongly, silently."""
 
     def __init__(self, path: Path, name: str, single_threaded: bool = False):
-        import torch
+        import tempfile
+        import weakref
+
         from torch.utils import _pytree
 
-        # (path, model name, run_single_threaded, number of runners, device index): single-threaded for graphs
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, single_threaded, 1, -1)
-        self.out_spec = _pytree.treespec_loads(self.loader.get_call_spec()[1])
+        from .scratch import process_folder
+
+        folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
+        try:
+            self.runner = _model_runner(path, name, folder, single_threaded)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+        self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
 
     def __call__(self, *args):
         from torch.utils import _pytree
 
-        return _pytree.tree_unflatten(self.loader.boxed_run([a.contiguous() for a in args]), self.out_spec)
+        return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
+
+
+def _model_runner(path: Path, name: str, folder: Path, single_threaded: bool):
+    """torch's runner for the model `name` of the archive, from its files unpacked into `folder` (names were
+    checked by `integrity.check_entries`): its shared object, its kernels, its weights blob."""
+    import torch
+
+    prefix = f"data/aotinductor/{name}/"
+    with zipfile.ZipFile(path) as archive:
+        for inner, entry in archive_entries(archive).items():
+            if inner.startswith(prefix):
+                with archive.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)
+    shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
+    if len(shared) != 1:
+        raise PackageError(f"{path} holds {len(shared)} shared objects for {name}, a package one: rebuild it")
+    built = [json.loads(p.read_text()) for p in folder.glob("*.wrapper_metadata.json")]
+    device = (built[0].get("AOTI_DEVICE_KEY") if built else None) or "cpu"
+    if device == "cuda":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder), single_threaded)
+    else:
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(shared[0]), 1)
+    for blob in folder.glob("*_weights.blob"):
+        runner.update_constant_buffer_from_blob(str(blob))
+        blob.unlink()  # read into the runner's constants: a second copy on disk helps no one
+    return runner
 
 
 def _describe(t) -> str:
@@ -166,28 +205,16 @@ def device_problem(path: Path) -> str | None:
     return None
 
 
-def _extraction_folders() -> set[Path]:
-    """torch's C++ loader unpacks a package into /tmp/XXXXXX and removes it only when a load succeeds."""
-    return {p for p in Path("/tmp").iterdir() if len(p.name) == 6 and p.is_dir()} if Path("/tmp").is_dir() else set()
-
-
 def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
-    """The AOTI models straight from torch's C++ package loader (those in `graphed` single-threaded, for
-    CUDA graphs). torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe
-    the CPU's vector ISA for a device-mismatch warning, compiling and loading test libraries in
-    `python -c "import torch"` subprocesses: 20-40 s on the H200, for CUDA packages too. The loader itself
-    takes under a second. A failed load leaves no folder behind."""
+    """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs).
+    torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe the CPU's vector ISA
+    for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
+    subprocesses: 20-40 s on the H200, for CUDA packages too. This takes under a second, and a failed load
+    leaves nothing behind (its folder is this process's)."""
     problem = device_problem(path)
     if problem:
         raise PackageError(problem)
-    before = _extraction_folders()
-    try:
-        return {name: AotiRunner(path, name, single_threaded=name in graphed) for name in MODEL_NAMES}
-    except Exception:
-        for folder in _extraction_folders() - before:
-            if any(folder.glob("*/data/aotinductor")):  # the unpacked package
-                shutil.rmtree(folder, ignore_errors=True)
-        raise
+    return {name: AotiRunner(path, name, single_threaded=name in graphed) for name in MODEL_NAMES}
 
 
 def load_exported(path: Path, trust: bool = False) -> dict:
@@ -216,10 +243,11 @@ def _built_for(path: Path) -> str:
 
 
 def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
-                 max_graphs: int | None = None) -> Sam3Package:
+                 max_graphs: int | None = None, sha256: str | None = None) -> Sam3Package:
     """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
-    The archive is checked against its recorded digests first (`integrity`); `trust` accepts a package
-    that has none. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
+    Before torch sees the archive, its entry names are checked and its sha256 compared with `sha256` (a digest
+    you got beside or before the package), else with the `.sha256` file beside it (`integrity`); `trust` loads
+    a package that has neither. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
     that off."""
     import torch
@@ -231,9 +259,9 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     if not path.is_file():
         raise PackageError(f"no package at {path}: build it with `uv run doit package`")
     fallback_reason, aoti, exported = None, {}, {}
+    check_package(path, trust=trust, digest=sha256)
     extra = read_extra_files(path)
     metadata = json.loads(extra.get(METADATA_FILE, "{}"))
-    check_package(path, trust=trust)
     graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
     if prefer_aoti:
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..aoti.compile import aoti_compile, keep_compiled, platform_info
 from ..errors import CompileError, first_line
 from ..pipeline.artifacts import check_free_space, record
-from ..pipeline.paths import ProfilePaths, ToolchainPaths
+from ..pipeline.paths import ProfilePaths, ToolchainPaths, portable
 from ..pipeline.settings import Settings
 from ..runtime.files import atomic_output, human_size
 from ..toolchain.cuda_env import FIX_VARIABLE, read_build_facts
@@ -51,7 +51,7 @@ def run(settings: Settings) -> None:
     programs = load_pt2(str(paths.exported)).exported_programs
     index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
              "platform": platform, "models": {}, "compile_seconds": {}, "compile_phases": {},
-             "toolchain": {**{k: os.environ.get(k) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
+             "toolchain": {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(ToolchainPaths.of(settings).env_file)}}
     with atomic_output(paths.compiled) as tmp:
         for name in ("model", "transforms"):

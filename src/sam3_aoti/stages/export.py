@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import ExportError, first_line
-from ..pipeline.artifacts import record
+from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
 from ..runtime.archive import archive_entries
@@ -67,6 +67,9 @@ def run(settings: Settings) -> None:
     from ..model.wrapper import ImageTransforms, Sam3Grounding, example_inputs
 
     paths, opts = ProfilePaths.of(settings), settings.stage("export")
+    checkpoint = paths.checkpoint / "model.safetensors"
+    if checkpoint.is_file():  # the archive holds the weights once more, in the build's dtype at most fp32
+        check_free_space({paths.exported.parent: int(1.1 * checkpoint.stat().st_size) + (64 << 20)}, "export")
     device = torch.device(settings.device)
     if settings.spec.fp8_parts:
         from ..model.fp8 import check_fp8_device

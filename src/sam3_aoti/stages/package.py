@@ -1,4 +1,4 @@
-"""The PT2 archive: stage `package` writes it, `load_package` loads it with nothing but torch.
+"""Stage `package`: the PT2 archive that `sam3_aoti.load_package` (runtime/loader.py) loads with nothing but torch.
 
 `sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code; the weights once, in the blob
 AOTInductor's own loader reads), `metadata.json` and the tokenizer's merges, and finds every consumer
@@ -19,8 +19,8 @@ from pathlib import Path
 from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
 from ..pipeline.artifacts import check_free_space, mark, record
-from ..pipeline.paths import ProfilePaths, fallback_of
-from ..runtime.archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE
+from ..pipeline.paths import ProfilePaths
+from ..runtime.archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
 from ..runtime.integrity import digest_file, write_digest
 from ..runtime.loader import load_aoti_runners

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict
 
 from ..errors import ToolchainError
-from ..pipeline.paths import ToolchainPaths
+from ..pipeline.paths import ToolchainPaths, portable
 from ..pipeline.settings import Settings
 from ..runtime.files import write_text_atomic
 from ..toolchain.compiler_fixes import candidate_fixes, cxx_info, links_libstdcxx_statically, run_probe
@@ -131,13 +131,22 @@ def build_facts(report: dict) -> dict:
             "GPU": f"{gpu.get('gpu', '-')} (cc {gpu.get('compute_capability', '-')})"}
 
 
+def _portable(value):
+    """The report with every path in the checkout written relative to it (`$SAM3_AOTI_ROOT/...`)."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    return portable(value) if isinstance(value, str) else value
+
+
 def read_env_from(values: dict, base: dict) -> dict:
     """What the env file would set, without writing it (PATH prepends included)."""
     return {k: (f"{v}{os.pathsep}{base.get('PATH', '')}" if k == "PATH" else v) for k, v in values.items()}
 
 
 def write_report(settings: Settings, report: dict) -> None:
-    write_text_atomic(ToolchainPaths.of(settings).doctor, json.dumps(report, indent=2) + "\n")
+    write_text_atomic(ToolchainPaths.of(settings).doctor, json.dumps(_portable(report), indent=2) + "\n")
     gpu, tk = report.get("gpu", {}), report.get("toolkit", {})
     rows = [
         ("driver", gpu.get("driver", "-")),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, WeightsError
 from ..model.checkpoints import build_model
-from ..pipeline.artifacts import record
+from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
 from ..runtime.files import atomic_output, write_text_atomic
@@ -44,6 +44,8 @@ def run(settings: Settings) -> None:
     merges, merges_source = tokenizer_merges(settings)
     model = build_model(settings)
     n_params = sum(p.numel() for p in model.parameters())
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    check_free_space({paths.checkpoint.parent: int(1.05 * size) + (16 << 20)}, "weights")
     with atomic_output(paths.checkpoint) as tmp:
         model.save_pretrained(tmp, max_shard_size="1000GB")  # one model.safetensors: the file later stages name
     write_text_atomic(paths.tokenizer_merges, merges)

@@ -9,6 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
+from ..pipeline.paths import ROOT_VARIABLE, portable, resolve_portable
 from ..runtime.files import write_text_atomic
 
 FIX_VARIABLE = "SAM3_AOTI_TOOLCHAIN_FIX"
@@ -24,7 +25,7 @@ def read_env_file(path: Path, base: dict | None = None) -> dict:
     for line in Path(path).read_text().splitlines():
         m = re.match(r"\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
         if m:
-            value = "".join(shlex.split(m.group(2)))
+            value = resolve_portable("".join(shlex.split(m.group(2))))
             values[m.group(1)] = value.replace("$PATH", base.get("PATH", ""))
     return values
 
@@ -44,12 +45,23 @@ def read_build_facts(path: Path) -> dict:
     return facts
 
 
+def _shell(value: str) -> str:
+    """The value quoted for a shell, with the checkout's prefix left to `$SAM3_AOTI_ROOT`."""
+    portable_value = portable(value)
+    if portable_value == value:
+        return shlex.quote(value)
+    rest = portable_value[len(ROOT_VARIABLE) + 1:]
+    return f'"${ROOT_VARIABLE}"' + (shlex.quote(rest) if rest else "")
+
+
 def write_env_file(path: Path, values: dict[str, str], facts: dict | None = None) -> None:
     """`facts` (versions that change compiled code) go in as comments: compile depends on this file."""
-    lines = ["# Written by `uv run doit toolchain` (sam3_aoti.toolchain); every later stage starts with it.",
+    lines = ["# Written by `uv run doit toolchain` (sam3_aoti.stages.toolchain); every later stage starts with it.",
              FACTS_HEADER]
     lines += [f"# {key}: {value}" for key, value in (facts or {}).items()]
+    # Paths in the checkout are written relative to it: a copied checkout's file names its own toolkit.
+    lines.append(f': "${{{ROOT_VARIABLE}:=$(cd "$(dirname "${{BASH_SOURCE[0]:-$0}}")/../.." && pwd)}}"')
     for key, value in values.items():
         suffix = '":$PATH"' if key == "PATH" else ""
-        lines.append(f"export {key}={shlex.quote(value)}{suffix}")
+        lines.append(f"export {key}={_shell(value)}{suffix}")
     write_text_atomic(path, "\n".join(lines) + "\n")
