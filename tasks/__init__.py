@@ -32,6 +32,9 @@ from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
 
 VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
+# Stages that load the package: up to date only while the package still holds what `package` wrote, so that a
+# damaged package is never left verified (`doit verify` alone runs again, and fails on its digest).
+READS_PACKAGE = ("verify", "render", "bench", "parity")
 
 
 def _settings():
@@ -166,7 +169,8 @@ def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint
         "actions": [(run_stage, [name])],
         "file_dep": [str(relative(Path(p))) for p in [*sources(name), *file_dep]],
         "targets": [str(relative(Path(p))) for p in targets],
-        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}), targets_intact(name)],
+        "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}),
+                     targets_intact(name, ("package",) if name in READS_PACKAGE else ())],
         "clean": True,
         "verbosity": 2,
     }
@@ -179,8 +183,8 @@ class targets_intact:
     A run that may write refreshes the recorded times of files whose content still matches (a copied checkout
     hashes once, not on every run)."""
 
-    def __init__(self, stage: str):
-        self.stage = stage
+    def __init__(self, stage: str, inputs: tuple = ()):
+        self.stage, self.inputs = stage, inputs  # stages whose outputs this one reads, checked the same way
 
     def __call__(self, task, values):
         from tasks.runs import READ_ONLY_COMMANDS, doit_command
@@ -190,7 +194,7 @@ class targets_intact:
         if stage_entry(self.stage).get("verified") is False:
             return False
         refresh = doit_command(sys.argv) not in READ_ONLY_COMMANDS
-        return not manifest_changes(PATHS.manifest, [self.stage], refresh=refresh)
+        return not manifest_changes(PATHS.manifest, [self.stage, *self.inputs], refresh=refresh)
 
 
 def stage_entry(stage: str) -> dict:
@@ -200,17 +204,11 @@ def stage_entry(stage: str) -> dict:
 
 
 def check_artifacts():
-    """`doit check`: re-hash every artifact of this variant against the manifest; name what changed, and mark
-    those stages (and the verification of a changed package) so that `uv run doit` rebuilds exactly them."""
-    from sam3_aoti.pipeline.artifacts import mark
-
+    """`doit check`: re-hash every artifact of this variant against the manifest and name what changed. `uv run
+    doit` rebuilds exactly those: a file whose content changed has a new ctime, whatever its mtime says."""
     problems = manifest_changes(PATHS.manifest, rehash=True)
     for line in problems:
         print(f"changed  {line}")
-    for stage in sorted({line.split(":", 1)[0] for line in problems}):
-        mark(PATHS.manifest, stage, intact=False)
-        if stage == "package":
-            mark(PATHS.manifest, "verify", verified=False)
     if problems:
         return TaskFailed(f"{len(problems)} artifact(s) of {relative(PATHS.root)} changed since their stage "
                           "wrote them: `uv run doit` rebuilds them")

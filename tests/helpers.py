@@ -67,10 +67,11 @@ def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
 
 
-def rewrite_package(package: Path, target: Path, edit, resign: bool = True) -> Path:
+def rewrite_package(package: Path, target: Path, edit, resign: bool = True, digest: bool = False) -> Path:
     """A copy of `package` at `target` with `edit(name, data)` applied to its entries, and its fallback (with
-    the fallback's digest) beside it. `resign` updates the metadata's part digests to the edited bytes, as a
-    builder would; without it the copy is what a tamperer leaves."""
+    the fallback's digest) beside it. `resign` updates the metadata's part digests to the edited bytes (what a
+    crafted package does, and a builder); `digest` also writes the copy's own .sha256 beside it, as its
+    builder would: without it the copy has no digest anyone vouches for."""
     import hashlib
     import zipfile
 
@@ -93,4 +94,8 @@ def rewrite_package(package: Path, target: Path, edit, resign: bool = True) -> P
             dst.writestr(item, data)
     shutil.copy(fallback_of(package), fallback_of(target))
     shutil.copy(digest_file(fallback_of(package)), digest_file(fallback_of(target)))
+    if digest:
+        from sam3_aoti.runtime.integrity import write_digest
+
+        write_digest(target)
     return target

@@ -153,8 +153,9 @@ def test_info_on_a_bad_file_is_one_line_and_exit_2(package_path, tmp_path):
     (tmp_path / "notes.pt2").write_text("not a package")
     with zipfile.ZipFile(tmp_path / "other.pt2", "w") as archive:
         archive.writestr("other/readme.txt", "a zip, not a PT2 archive")
-    for name, words in [("missing.pt2", "no package at"), ("truncated.pt2", "truncated or not a zip"),
-                        ("notes.pt2", "truncated or not a zip"), ("other.pt2", "not a sam3-aoti PT2 package")]:
+    for name, words in [("missing.pt2", "no package at"), ("truncated.pt2", "truncated or not a sam3-aoti package"),
+                        ("notes.pt2", "truncated or not a sam3-aoti package"),
+                        ("other.pt2", "holds the entry 'other/readme.txt', which no sam3-aoti package has")]:
         proc = info(name, cwd=tmp_path)
         assert proc.returncode == 2 and words in proc.stderr, (name, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, (name, proc.stderr)

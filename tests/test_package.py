@@ -58,7 +58,7 @@ def for_another_device(package_path, target):
             return data.replace(b'"AOTI_DEVICE_KEY": "cpu"', b'"AOTI_DEVICE_KEY": "cuda"')
         return data
 
-    return rewrite_package(package_path, target, to_cuda)
+    return rewrite_package(package_path, target, to_cuda, digest=True)  # built so, by its builder
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA package loads where CUDA is")

@@ -406,12 +406,13 @@ def test_a_byte_changed_in_place_is_found_and_rebuilt_by_the_next_run(own_build)
     package = own_build / TINY / "package" / "sam3.pt2"
     before = package.read_bytes()
     flip_a_byte_in_place(package)
-    assert {"package"} <= stale(own_build)  # without `doit check`: the ctime moved
+    assert {"package", "verify", "render"} <= stale(own_build)  # the ctime moved: hashed, and found
     one_line_error(run_doit(own_build, "check", "device=cpu", check=False), "package: package/sam3.pt2 was modified")
+    one_line_error(run_doit(own_build, "verify", "device=cpu", check=False), "does not match its digest sam3.pt2.sha256")
     manifest = json.loads((own_build / TINY / "manifest.json").read_text())
     assert manifest["stages"]["verify"]["verified"] is False  # a package that fails its digest is never verified
     proc = run_doit(own_build, "device=cpu")
-    assert {"package", "verify", "render"} <= executed(proc) and not {"weights", "export", "compile"} & executed(proc)
+    assert {"package", "verify"} <= executed(proc) and not {"weights", "export", "compile"} & executed(proc)
     assert package.read_bytes() == before
     manifest = json.loads((own_build / TINY / "manifest.json").read_text())
     assert manifest["stages"]["verify"]["verified"] is True
@@ -499,7 +500,7 @@ def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(pa
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SAM3_AOTI_CACHE": str(cache)}
     before = {p.name for p in Path("/tmp").iterdir()}
     holder = subprocess.Popen([sys.executable, "-c", f"from sam3_aoti import load_package; "
-                               f"load_package({str(package_path)!r}); print('loaded', flush=True); "
+                               f"package = load_package({str(package_path)!r}); print('loaded', flush=True); "
                                "import time; time.sleep(600)"], env=env, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "loaded"
     folders = list((cache / "tmp").iterdir())
@@ -539,5 +540,30 @@ def test_no_file_under_artifacts_names_the_checkout(built_repo):
              if p.is_file() and p.suffix in (".env", ".json") and "inductor-cache" not in p.parts
              and str(built_repo) in p.read_text(errors="replace")]
     assert named == []
-    env = (built_repo / "artifacts" / "toolchain" / "cuda.env").read_text()
-    assert "$SAM3_AOTI_ROOT" in env
+
+
+def test_a_misspelt_inductor_option_is_refused_before_the_compile(tmp_path):
+    from sam3_aoti.aoti.compile import check_inductor_options
+    from sam3_aoti.errors import ConfigError
+
+    check_inductor_options({"max_autotune_gemm": True, "aot_inductor.package": True}, "[compile] inductor")
+    with pytest.raises(ConfigError, match="`max_autotune_gem` is no torch._inductor.config option .* did you mean "
+                                          "`max_autotune_gemm`"):
+        check_inductor_options({"max_autotune_gem": True}, "[compile] inductor")
+
+
+def test_images_are_read_as_a_viewer_shows_them(tmp_path):
+    """EXIF orientation applied, CMYK and float greys converted, the same reader for predict and the cases."""
+    from sam3_aoti.pipeline.cases import Case
+
+    portrait = Image.new("RGB", (40, 20), (200, 10, 10))
+    exif = portrait.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to view": a phone held upright
+    portrait.save(tmp_path / "phone.jpg", exif=exif)
+    assert image_reader.read_image(tmp_path / "phone.jpg").shape == (40, 20, 3)
+    assert Case("phone", str(tmp_path / "phone.jpg"), ("a wall",)).load_image().shape == (40, 20, 3)
+    Image.new("CMYK", (8, 6), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")
+    assert image_reader.read_image(tmp_path / "cmyk.jpg")[0, 0].tolist()[0] > 200  # red, not black
+    Image.fromarray(np.full((5, 7), 0.5, np.float32), mode="F").save(tmp_path / "float.tif")
+    assert image_reader.read_image(tmp_path / "float.tif")[0, 0].tolist() == [128, 128, 128]
+    assert image_reader.array_to_rgb8(np.full((3, 4), 65535, np.uint16))[0, 0].tolist() == [255, 255, 255]

@@ -258,3 +258,19 @@ def test_a_compiler_that_links_libstdcxx_statically_is_detected(tmp_path):
     assert compiler_fixes.links_libstdcxx_statically(str(static), tmp_path)
     fixes = [name for name, _ in compiler_fixes.candidate_fixes(tmp_path, str(static))]
     assert fixes[0].startswith("compiler linking libstdc++ shared: ") and fixes[-1] == "regex-free parse_device_str"
+
+
+def test_env_file_names_the_checkout_relative_to_itself(tmp_path):
+    """A toolkit inside the checkout (the pip wheels in .venv) is written as $SAM3_AOTI_ROOT/...: read back here
+    it is this checkout's, and sourced from a copy of artifacts/ it is the copy's."""
+    from sam3_aoti.pipeline.paths import REPO_ROOT
+
+    inside = str(REPO_ROOT / ".venv" / "lib" / "nvidia" / "cu 13")
+    env_file = tmp_path / "copy" / "artifacts" / "toolchain" / "cuda.env"
+    cuda_env.write_env_file(env_file, {"CUDA_HOME": inside, "PATH": inside + "/bin", "CXX": "/usr/bin/g++"})
+    text = env_file.read_text()
+    assert str(REPO_ROOT) not in text and '"$SAM3_AOTI_ROOT"' in text
+    assert cuda_env.read_env_file(env_file, {"PATH": "/bin"})["CUDA_HOME"] == inside
+    sourced = subprocess.run(["bash", "-c", f'source "{env_file}"; echo "$CUDA_HOME"'], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"})
+    assert sourced.stdout.strip() == str(tmp_path / "copy" / ".venv" / "lib" / "nvidia" / "cu 13")

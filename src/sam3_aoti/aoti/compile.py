@@ -44,6 +44,24 @@ class Compiled(NamedTuple):
     phases: dict[str, float]  # Inductor's own phase timers (`_phases`)
 
 
+def check_inductor_options(options: dict, where: str) -> None:
+    """Every key of an `inductor` table is a torch._inductor.config name (dotted for nested ones): a misspelt one
+    would be ignored by Inductor, silently."""
+    import difflib
+
+    import torch._inductor.config as inductor_config
+
+    from ..errors import ConfigError
+
+    known = inductor_config.get_config_copy()
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+            hint = f"did you mean `{close[0]}`?" if close else "see torch._inductor.config"
+            raise ConfigError(f"pipeline.toml {where}: `{key}` is no torch._inductor.config option of torch "
+                              f"{__import__('torch').__version__}: {hint}")
+
+
 def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None) -> Compiled:
     """AOTInductor's files for one exported program, with how long it took and where the time went."""
     import contextlib

@@ -62,13 +62,15 @@ def check_architecture(folder: Path, expected, architecture: str) -> None:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         config = Sam3Config.from_pretrained(folder)
     except Exception as e:
-        raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config ({first_line(e)}): pass a SAM3 checkpoint") from e
+        raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config ({first_line(e)}): pass a SAM3 "
+                           "checkpoint") from e
     if model_type != "sam3":
         raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config (model_type {model_type!r}): pass a SAM3 "
                            "checkpoint")
     with torch.device("meta"):
         want, got = Sam3Model(expected).state_dict(), Sam3Model(config).state_dict()
-    differ = [f"{k} {tuple(got[k].shape)} vs {tuple(want[k].shape)}" for k in want if k in got and got[k].shape != want[k].shape]
+    differ = [f"{k} {tuple(got[k].shape)} vs {tuple(want[k].shape)}" for k in want
+              if k in got and got[k].shape != want[k].shape]
     missing = [k for k in want if k not in got]
     if differ or missing:
         raise WeightsError(f"{folder} is a SAM3 checkpoint of another architecture than `{architecture}`: "

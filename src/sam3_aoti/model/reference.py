@@ -56,12 +56,18 @@ class ReferenceCache:
         return len(stale)
 
 
+def sha256s(outputs: dict) -> dict:
+    """The content of manifest outputs, without their file times (a copied checkout's are new)."""
+    return {k: sha256s(v) if isinstance(v, dict) and "sha256" not in v else v["sha256"] if isinstance(v, dict) else v
+            for k, v in outputs.items()}
+
+
 def identity(settings: Settings, paths: ProfilePaths) -> dict:
     """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
     device, precision, library versions."""
     from . import wrapper
 
     manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
-    weights = manifest.get("stages", {}).get("weights", {}).get("outputs", {})
+    weights = sha256s(manifest.get("stages", {}).get("weights", {}).get("outputs", {}))
     return {"weights": weights, "model_code": hashlib.sha256(Path(wrapper.__file__).read_bytes()).hexdigest(),
             **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}

@@ -95,8 +95,6 @@ def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bo
                 why = changed(manifest.parent / rel, recorded, rehash, refreshed)
                 if why:
                     found.append(f"{stage}: {rel} {why}")
-            if entry.get("intact") is False:
-                found.append(f"{stage}: `doit check` found its outputs changed")
     if refresh and refreshed and not found:
         for recorded, stat in refreshed:
             recorded.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)

@@ -129,7 +129,8 @@ def run_command(argv: list[str] | None) -> None:
     run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
     run.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package (instead of "
                                       "the .sha256 file beside it)")
-    run.add_argument("--trust", action="store_true", help="load a package with no digest to check (it runs native code)")
+    run.add_argument("--trust", action="store_true",
+                     help="load a package with no digest to check (it runs native code)")
     info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
     info.add_argument("package", type=Path, help="the .pt2 archive")
     info.add_argument("--json", action="store_true", help="print JSON for machines")

@@ -132,8 +132,8 @@ def check_package(package: Path, trust: bool = False, digest: str | None = None)
         if record.is_file():
             return f"matches {source} (checked before; file unchanged since)"
         if sha256(package) != digest:
-            raise PackageError(f"{package} does not match {source if digest_passed else 'its digest ' + source}: it was "
-                               "modified or damaged since it was built; "
+            against = source if digest_passed else f"its digest {source}"
+            raise PackageError(f"{package} does not match {against}: it was modified or damaged since it was built; "
                                "rebuild it (`uv run doit package`) or fetch it again")
         _remember(package, record)
         return f"matches {source}"

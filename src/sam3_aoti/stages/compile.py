@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..aoti.compile import aoti_compile, keep_compiled, platform_info
+from ..aoti.compile import aoti_compile, check_inductor_options, keep_compiled, platform_info
 from ..errors import CompileError, first_line
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths, ToolchainPaths, portable
@@ -35,6 +35,7 @@ def run(settings: Settings) -> None:
     cache = Path(cache_dir())
     check_free_space({cache: int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
     inductor = dict(settings.stage("compile").get("inductor", {}))
+    check_inductor_options(inductor, "[compile] inductor")
     sdpa_backends = settings.stage("compile")["sdpa_backends"] if settings.device == "cuda" else None
     digest = json.loads(paths.program_digest.read_text())
     platform = platform_info(settings.device)

@@ -32,7 +32,8 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 def run(settings: Settings) -> None:
     from torch.export.pt2_archive._package import load_pt2
 
-    from ..aoti.compile import aoti_compile, check_constants_are_weights, compiled_outputs, platform_info
+    from ..aoti.compile import (aoti_compile, check_constants_are_weights, check_inductor_options, compiled_outputs,
+                                platform_info)
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -40,6 +41,7 @@ def run(settings: Settings) -> None:
     digest = json.loads(paths.program_digest.read_text())
     key = tuning_key(settings, digest["sha256"], platform_info(settings.device))
     options = tuning_options(settings)
+    check_inductor_options(settings.stage("tune").get("inductor", {}), "[tune] inductor")
     programs = load_pt2(str(paths.exported)).exported_programs
     seconds, phases = {}, {}
     with tempfile.TemporaryDirectory(prefix=".tune-cache.", dir=paths.root) as cache:
