@@ -146,11 +146,25 @@ def run_stage(name: str):
     """Each stage in its own process: memory is returned between full-size stages, cuda.env applies
     before torch is imported, and a crash in native code fails the task instead of killing doit. The
     process has a session of its own (Ctrl-C reaches doit alone, which passes it on to the stage, not to the
-    stage's compile workers) and dies with doit."""
+    stage's compile workers) and dies with doit. Its progress lines reach the terminal; anything else it or
+    the libraries under it print (warnings, a C++ abort's stack frames) goes to logs/<stage>.output.log, so
+    the terminal gets one line per failure, never a traceback."""
+    raw_log = PATHS.log(name).with_suffix(".output.log")
+    raw_log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(stage_command(name), cwd=linked(ROOT), env=stage_env(name), start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            preexec_fn=die_with_parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
     RUNNING.append((name, proc))
+    raw = 0
     try:
+        with open(raw_log, "w") as other:
+            for line in proc.stdout:
+                if line.startswith(f"[{name} "):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                else:
+                    other.write(line)
+                    raw += 1
         returncode = proc.wait()
     finally:
         RUNNING.clear()
@@ -158,7 +172,8 @@ def run_stage(name: str):
         return None
     how = f"exit {returncode}" if returncode > 0 else f"killed by {signal.Signals(-returncode).name}"
     disk = low_disk(PATHS.root)
-    return TaskFailed(f"stage {name} failed ({how}){disk}; log: {PATHS.log(name).relative_to(ROOT)}")
+    more = f", its other output: {relative(raw_log)}" if raw else ""
+    return TaskFailed(f"stage {name} failed ({how}){disk}; log: {relative(PATHS.log(name))}{more}")
 
 
 def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint_extra) -> dict:

@@ -1,8 +1,9 @@
 """`load_package`: a sam3-aoti package loaded with nothing but torch.
 
-Integrity first (`integrity`), then the AOTI models straight from torch's C++ package loader, CUDA graphs
-around the model on a GPU (`cuda_graphs`), and the exported programs beside the package as the fallback
-where the AOTI part cannot load. Every call checks its inputs and fails with one line before native code runs.
+Integrity first (`integrity`), then the AOTI models with torch's model runner (their code unpacked into this
+process's own folder, `scratch`), CUDA graphs around the model on a GPU (`cuda_graphs`), and the exported
+programs beside the package as the fallback where the AOTI part cannot load. Every call checks its inputs and
+fails with one line before native code runs.
 """
 
 from __future__ import annotations

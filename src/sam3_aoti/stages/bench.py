@@ -27,6 +27,7 @@ from ..pipeline.report import Report, Table, write_report
 from ..pipeline.schema import BENCH_COLUMNS as COLUMNS
 from ..pipeline.settings import Settings
 from ..runtime.files import write_bytes_atomic
+from ..runtime.scratch import process_folder
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
@@ -180,11 +181,11 @@ def load_seconds(package, device: str, with_isa_probe: bool) -> dict[str, float]
     with open(package, "rb") as f:
         while f.read(1 << 26):
             pass
-    src = str(Path(__file__).resolve().parents[1])  # this checkout's library for the first loader
+    src = str(Path(__file__).resolve().parents[2])  # this checkout's library (src/) for the first loader
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     loaders = {**LOADERS, **(ISA_PROBE_LOADERS if with_isa_probe else {})}
     times = {}
-    with tempfile.TemporaryDirectory() as cache:  # an empty record of checked packages (integrity.py)
+    with tempfile.TemporaryDirectory(dir=process_folder()) as cache:  # an empty record of checked packages
         env["SAM3_AOTI_CACHE"] = cache
         for name, (loader, extra_env) in loaders.items():
             times.update(_load_in_fresh_process(name, loader, package, device, {**env, **extra_env}))

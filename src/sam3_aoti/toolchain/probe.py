@@ -21,12 +21,14 @@ def main() -> None:
 
     import torch
 
+    from ..runtime.scratch import process_folder
+
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(args.device)
     x = torch.randn(2, 8, device=args.device)
     batch = torch.export.Dim("batch", min=1)
     t0 = time.perf_counter()
     program = torch.export.export(model, (x,), dynamic_shapes={"input": {0: batch}})
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=process_folder()) as tmp:  # ours, swept if this process is killed
         path = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "probe.pt2"))
         compile_s = time.perf_counter() - t0
         print("compiled; loading", file=sys.stderr, flush=True)
