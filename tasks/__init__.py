@@ -219,11 +219,16 @@ def stage_entry(stage: str) -> dict:
 
 
 def check_artifacts():
-    """`doit check`: re-hash every artifact of this variant against the manifest and name what changed. `uv run
-    doit` rebuilds exactly those: a file whose content changed has a new ctime, whatever its mtime says."""
+    """`doit check`: re-hash every artifact of this variant against the manifest and name what changed; a changed
+    package is no longer verified. `uv run doit` rebuilds exactly those: a file whose content changed has a new
+    ctime, whatever its mtime says."""
+    from sam3_aoti.pipeline.artifacts import mark
+
     problems = manifest_changes(PATHS.manifest, rehash=True)
     for line in problems:
         print(f"changed  {line}")
+    if any(line.startswith("package:") for line in problems):
+        mark(PATHS.manifest, "verify", verified=False)  # what was verified is not what is there now
     if problems:
         return TaskFailed(f"{len(problems)} artifact(s) of {relative(PATHS.root)} changed since their stage "
                           "wrote them: `uv run doit` rebuilds them")

@@ -304,8 +304,8 @@ def test_a_truncated_package_or_edited_report_makes_its_stage_stale(own_build):
     one_line_error(proc, "package: package/sam3.pt2 has 100000 bytes")
     rerun = stale(own_build)
     assert {"package", "verify", "render"} <= rerun and not {"weights", "export", "compile"} & rerun
-    package.write_bytes(data)  # the same bytes again (a new mtime): nothing to redo
-    assert not {"package", "verify", "render"} & stale(own_build)
+    package.write_bytes(data)  # the same bytes again (a new mtime): nothing to rebuild, the package re-verified
+    assert not {"package", "render"} & stale(own_build) and "verify" in stale(own_build)
 
     report = art / "verify" / "report.md"
     report.write_text(report.read_text().replace("PASSED", "FAILED"))
@@ -408,10 +408,9 @@ def test_a_byte_changed_in_place_is_found_and_rebuilt_by_the_next_run(own_build)
     flip_a_byte_in_place(package)
     assert {"package", "verify", "render"} <= stale(own_build)  # the ctime moved: hashed, and found
     one_line_error(run_doit(own_build, "check", "device=cpu", check=False), "package: package/sam3.pt2 was modified")
-    one_line_error(run_doit(own_build, "verify", "device=cpu", check=False), "does not match its digest sam3.pt2.sha256")
     manifest = json.loads((own_build / TINY / "manifest.json").read_text())
     assert manifest["stages"]["verify"]["verified"] is False  # a package that fails its digest is never verified
-    proc = run_doit(own_build, "device=cpu")
+    proc = run_doit(own_build, "verify", "device=cpu")  # even verify alone repairs: doit rebuilds its input first
     assert {"package", "verify"} <= executed(proc) and not {"weights", "export", "compile"} & executed(proc)
     assert package.read_bytes() == before
     manifest = json.loads((own_build / TINY / "manifest.json").read_text())
