@@ -25,15 +25,15 @@ PACKAGE = "sam3_aoti"
 sys.path.insert(0, str(SOURCES))  # the checkout's library, even beside another installed copy
 
 from sam3_aoti.errors import Sam3AotiError  # noqa: E402
-from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
-from tasks.runs import RUNNING, die_with_parent, low_disk  # noqa: E402
 from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
+from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
+from tasks.runs import RUNNING, die_with_parent, low_disk  # noqa: E402
 
 VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 # Stages that load the package: up to date only while the package still holds what `package` wrote, so that a
-# damaged package is never left verified (`doit verify` alone runs again, and fails on its digest).
+# damaged package is rebuilt, and verified again, before any of them is taken as done.
 READS_PACKAGE = ("verify", "render", "bench", "parity")
 
 
@@ -51,7 +51,8 @@ def _settings():
         check_cases(DEFAULT_CASES)
         return settings
     except Sam3AotiError as e:
-        sys.exit(f"sam3-aoti: {e}")
+        print(f"sam3-aoti: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 SETTINGS = _settings()

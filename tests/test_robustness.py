@@ -113,6 +113,7 @@ def test_config_a_folder_is_one_line(tmp_path):
 def test_a_misspelt_variable_is_refused(tmp_path):
     proc = run_doit(copy_repo(tmp_path), "list", "profiel=sam3", check=False)
     one_line_error(proc, "unknown variable profiel=sam3 (did you mean profile?): use profile, device, precision")
+    assert proc.returncode == 2  # bad input, as everywhere (errors.py)
 
 
 # --- inputs the package, the loader and predict are given -------------------------------------------------
