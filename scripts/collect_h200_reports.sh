@@ -19,9 +19,9 @@ keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends"
         "toolchain")
 json.dump({k: index.get(k) for k in keep}, open(sys.argv[2], "w"), indent=2, sort_keys=True)' "$1" "$2"
 }
-for part in bf16 fp32 parity fast tuned fp8 o0; do  # gpu_full.sh's parts that build a full variant (parity, fast, tuned, o0: bf16)
+for part in bf16 fp32 parity fast tuned fp8 o0 loader; do  # gpu_full.sh's parts that build a full variant (parity, fast, tuned, o0, loader: bf16)
     precision=$part
-    [[ $part == parity || $part == fast || $part == tuned || $part == o0 ]] && precision=bf16
+    [[ $part == parity || $part == fast || $part == tuned || $part == o0 || $part == loader ]] && precision=bf16
     variant=$part/sam3-$precision-cuda
     copy "$variant/verify/report.md" "verify-$part.md"
     copy "$variant/verify/report.json" "verify-$part.json"

@@ -22,6 +22,9 @@
 #          (the plain runner is the one whose launches the wrapper's code makes), then verify
 #   parity: the bf16 build as pipeline.toml has it: verify, then parity with Meta's SAM3 under bf16 autocast
 #          (the bf16 part without its bench)
+#   loader: the bf16 build as pipeline.toml has it (untuned), verify, then the bench's AOTI + CUDA graphs column
+#          with every loader's load time: the runtime's own unpacking of a package (sam3_aoti.runtime.loader) at
+#          full size
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -111,6 +114,12 @@ fast_part() {  # bf16, the decoder's attentions in bf16, untuned: verified (no e
     build fast-build weights export compile package verify $SAM3 precision=bf16
 }
 
+loader_part() {
+    cd "$WORK/loader" && configure columns '["aoti_graphs"]' enabled false
+    toolkit_for loader $SAM3 precision=bf16
+    build loader-build weights export compile package verify $SAM3 precision=bf16
+}
+
 fp8_part() {
     cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
     toolkit_for fp8 $SAM3 precision=fp8
@@ -175,7 +184,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
     (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
@@ -187,6 +196,7 @@ run_all() {
     [[ $parts == *" fast "* ]] && { fast_part & pids+=($!); }
     [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
     [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
+    [[ $parts == *" loader "* ]] && { loader_part & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
     [[ $parts == *" compiletime "* ]] && { compiletime_part & pids+=($!); }
     [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
@@ -204,6 +214,7 @@ run_all() {
     [[ $parts == *" tuned "* && -z $tuned_pid ]] && (cd "$WORK/fast" && configure columns \
         '["meta", "transformers", "exported", "aoti", "aoti_graphs"]' load_times true)
     [[ $parts == *" fast "* ]] && (cd "$WORK/fast" && build fast-bench bench $SAM3 precision=bf16)
+    [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     return 0
@@ -251,5 +262,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
 esac
