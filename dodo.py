@@ -33,6 +33,7 @@ def task_toolchain():
                if machine_toolkit_matters(SETTINGS.toolkit, package_version("torch")) else {})
     return stage_task("toolchain", "CUDA toolkit for AOTInductor (the pinned pip wheels, or toolkit=machine) and a doctor with a probe",
                       [PIN_TABLE], [ToolchainPaths.of(SETTINGS).doctor, ENV_FILE],
+                      recorded=False,  # per machine, outside the variant's manifest
                       toolkit=SETTINGS.toolkit, machine={**machine, "CXX": os.environ.get("CXX")})
 
 

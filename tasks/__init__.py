@@ -29,7 +29,7 @@ from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
-from tasks.runs import RUNNING, die_with_parent, low_disk  # noqa: E402
+from tasks.runs import RUNNING, die_with_parent, low_disk, may_write_now  # noqa: E402
 
 VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 # Stages that load the package: up to date only while the package still holds what `package` wrote, so that a
@@ -177,7 +177,8 @@ def run_stage(name: str):
     return TaskFailed(f"stage {name} failed ({how}){disk}; log: {relative(PATHS.log(name))}{more}")
 
 
-def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint_extra) -> dict:
+def stage_task(name: str, doc: str, file_dep: list, targets: list, recorded: bool = True,
+               **fingerprint_extra) -> dict:
     """Paths inside the checkout are given relative to it (doit runs from dodo.py's folder), so doit's state
     holds no absolute path: a copied or moved checkout with its artifacts is still up to date."""
     return {
@@ -186,7 +187,7 @@ def stage_task(name: str, doc: str, file_dep: list, targets: list, **fingerprint
         "file_dep": [str(relative(Path(p))) for p in [*sources(name), *file_dep]],
         "targets": [str(relative(Path(p))) for p in targets],
         "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}),
-                     targets_intact(name, ("package",) if name in READS_PACKAGE else ())],
+                     *([targets_intact(name, ("package",) if name in READS_PACKAGE else ())] if recorded else [])],
         "clean": True,
         "verbosity": 2,
     }
@@ -203,20 +204,11 @@ class targets_intact:
         self.stage, self.inputs = stage, inputs  # stages whose outputs this one reads, checked the same way
 
     def __call__(self, task, values):
-        from tasks.runs import READ_ONLY_COMMANDS, doit_command
+        from sam3_aoti.pipeline.artifacts import read_manifest
 
-        if self.stage == "toolchain":  # per machine, outside the variant's manifest: its targets' existence
-            return True
-        if stage_entry(self.stage).get("verified") is False:
+        if read_manifest(PATHS.manifest)["stages"].get(self.stage, {}).get("verified") is False:
             return False
-        refresh = doit_command(sys.argv) not in READ_ONLY_COMMANDS
-        return not manifest_changes(PATHS.manifest, [self.stage, *self.inputs], refresh=refresh)
-
-
-def stage_entry(stage: str) -> dict:
-    from sam3_aoti.pipeline.artifacts import read_manifest
-
-    return read_manifest(PATHS.manifest)["stages"].get(stage, {})
+        return not manifest_changes(PATHS.manifest, [self.stage, *self.inputs], refresh=may_write_now())
 
 
 def check_artifacts():

@@ -9,6 +9,7 @@ redo export too; and two runs on one checkout would interleave their writes.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -76,6 +77,12 @@ def save_state_after_every_task() -> None:
     Dependency.save_success = save_and_dump
 
 
+@functools.lru_cache(maxsize=1)
+def may_write_now() -> bool:
+    """Whether this doit command may run or change tasks (not `list`, `info`, ...)."""
+    return doit_command(sys.argv) not in READ_ONLY_COMMANDS
+
+
 def die_with_parent() -> None:
     """In a stage process, before it runs: die when doit does (Linux's PR_SET_PDEATHSIG), so that a doit killed
     by SIGKILL leaves no stage writing on behind the next run's back."""
@@ -136,7 +143,7 @@ def guard(root: Path) -> None:
     traceback, for what would stop doit on the way."""
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # output piped into a program that closes early: quiet
-    may_write = doit_command(sys.argv) not in READ_ONLY_COMMANDS
+    may_write = may_write_now()
     try:
         root.mkdir(parents=True, exist_ok=True)  # doit keeps its state file there
         save_state_after_every_task()

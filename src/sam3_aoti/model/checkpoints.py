@@ -50,13 +50,21 @@ def load_hf_folder(folder: Path):
     return model.eval()
 
 
+def shapes_of(config) -> dict:
+    """Every tensor's shape of a Sam3Model of `config`, built on the meta device (no memory, no init)."""
+    import torch
+    from transformers import Sam3Model
+
+    with torch.device("meta"):
+        return {k: v.shape for k, v in Sam3Model(config).state_dict().items()}
+
+
 def check_architecture(folder: Path, expected, architecture: str) -> None:
     """An HF folder's config.json against the profile's architecture, compared as tensor shapes on the meta
     device (no weights read, no memory): a checkpoint of another architecture is refused by name."""
-    import torch
-    from transformers import Sam3Config, Sam3Model
-
     import json
+
+    from transformers import Sam3Config
 
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
@@ -67,10 +75,8 @@ def check_architecture(folder: Path, expected, architecture: str) -> None:
     if model_type != "sam3":
         raise WeightsError(f"{folder / 'config.json'} is not a SAM3 config (model_type {model_type!r}): pass a SAM3 "
                            "checkpoint")
-    with torch.device("meta"):
-        want, got = Sam3Model(expected).state_dict(), Sam3Model(config).state_dict()
-    differ = [f"{k} {tuple(got[k].shape)} vs {tuple(want[k].shape)}" for k in want
-              if k in got and got[k].shape != want[k].shape]
+    want, got = shapes_of(expected), shapes_of(config)
+    differ = [f"{k} {tuple(got[k])} vs {tuple(want[k])}" for k in want if k in got and got[k] != want[k]]
     missing = [k for k in want if k not in got]
     if differ or missing:
         raise WeightsError(f"{folder} is a SAM3 checkpoint of another architecture than `{architecture}`: "
@@ -95,12 +101,11 @@ def load_meta_checkpoint(path: Path, config=None, architecture: str = "full"):
                            "copy it again") from e
     state, unknown = to_transformers(meta_state_dict(checkpoint))
     config = config or full_config()
-    with torch.device("meta"):
-        expected = Sam3Model(config).state_dict()
+    expected = shapes_of(config)
     missing = [k for k in expected if k not in state]
     unexpected = unknown + [k for k in state if k not in expected]
-    mismatched = [f"{k} {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-                  for k, v in state.items() if k in expected and v.shape != expected[k].shape]
+    mismatched = [f"{k} {tuple(v.shape)} vs model {tuple(expected[k])}"
+                  for k, v in state.items() if k in expected and v.shape != expected[k]]
     problems = key_problems(missing, unexpected, mismatched)
     if problems:
         raise WeightsError(f"{path} does not fit SAM3's `{architecture}` architecture as Meta's checkpoint format: "

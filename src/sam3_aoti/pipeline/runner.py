@@ -56,20 +56,14 @@ def stage_logging(settings: Settings, stage: str):
             log.debug("caused by", exc_info=(type(e.__cause__), e.__cause__, e.__cause__.__traceback__))
         log.error("failed: %s", e)
         raise
-    except OSError as e:
+    except Exception as e:  # a bug, a full disk or an unforeseen library error: the traceback goes to the log only
         log.debug("traceback", exc_info=True)
-        if e.errno != errno.ENOSPC:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            free = shutil.disk_usage(path.parent).free
+            message = (f"the disk is full writing {e.filename or ProfilePaths.of(settings).root} ({free / 2**20:.0f} "
+                       "MB free on it): free some space (`uv run doit clean` of an old variant), then run again")
+        else:
             message = f"unexpected {first_line(e)} (traceback in {path})"
-            log.error("failed: %s", message)
-            raise Sam3AotiError(message) from None
-        free = shutil.disk_usage(path.parent).free
-        message = (f"the disk is full writing {e.filename or ProfilePaths.of(settings).root} ({free / 2**20:.0f} MB "
-                   "free on it): free some space (`uv run doit clean` of an old variant), then run again")
-        log.error("failed: %s", message)
-        raise Sam3AotiError(message) from None
-    except Exception as e:  # a bug or an unforeseen library error: the traceback goes to the log only
-        log.debug("traceback", exc_info=True)
-        message = f"unexpected {first_line(e)} (traceback in {path})"
         log.error("failed: %s", message)
         raise Sam3AotiError(message) from None
     finally:

@@ -72,7 +72,7 @@ class AotiRunner:
     contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would
     be read wrongly, silently."""
 
-    def __init__(self, path: Path, name: str, single_threaded: bool = False):
+    def __init__(self, path: Path, name: str, device: str = "cpu", single_threaded: bool = False):
         import tempfile
         import weakref
 
@@ -82,7 +82,7 @@ class AotiRunner:
 
         folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
         try:
-            self.runner = _model_runner(path, name, folder, single_threaded)
+            self.runner = _model_runner(path, name, folder, device, single_threaded)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -95,7 +95,7 @@ class AotiRunner:
         return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
 
 
-def _model_runner(path: Path, name: str, folder: Path, single_threaded: bool):
+def _model_runner(path: Path, name: str, folder: Path, device: str, single_threaded: bool):
     """torch's runner for the model `name` of the archive, from its files unpacked into `folder` (names were
     checked by `integrity.check_entries`): its shared object, its kernels, its weights blob."""
     import torch
@@ -109,8 +109,6 @@ def _model_runner(path: Path, name: str, folder: Path, single_threaded: bool):
     shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
     if len(shared) != 1:
         raise PackageError(f"{path} holds {len(shared)} shared objects for {name}, a package one: rebuild it")
-    built = [json.loads(p.read_text()) for p in folder.glob("*.wrapper_metadata.json")]
-    device = (built[0].get("AOTI_DEVICE_KEY") if built else None) or "cpu"
     if device == "cuda":
         runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder), single_threaded)
     else:
@@ -186,15 +184,20 @@ class CheckedTransforms:
         return self.runner(images)
 
 
-def device_problem(path: Path) -> str | None:
-    """Why the AOTI part cannot run here (None if it can): torch's loader accepts a CUDA package on a machine
-    without a GPU, or built for another GPU generation, and fails only at the first call."""
+def built_for(path: Path) -> dict[str, dict]:
+    """Each AOTI model's build metadata (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), from the archive."""
+    with zipfile.ZipFile(path) as archive:
+        return {inner.split("/")[2]: json.loads(archive.read(entry))
+                for inner, entry in archive_entries(archive).items()
+                if inner.startswith("data/aotinductor/") and inner.endswith(".wrapper_metadata.json")}
+
+
+def device_problem(built: dict[str, dict]) -> str | None:
+    """Why the AOTI part cannot run here (None if it can): torch's runners accept a CUDA package on a machine
+    without a GPU, or built for another GPU generation, and fail only at the first call."""
     import torch
 
-    with zipfile.ZipFile(path) as archive:
-        built = [json.loads(archive.read(n)) for n in archive.namelist()
-                 if "/data/aotinductor/" in n and n.endswith(".wrapper_metadata.json")]
-    for meta in built:
+    for meta in built.values():
         if meta.get("AOTI_DEVICE_KEY") != "cuda":
             continue
         if not torch.cuda.is_available():
@@ -212,10 +215,12 @@ def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
     for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
     subprocesses: 20-40 s on the H200, for CUDA packages too. This takes under a second, and a failed load
     leaves nothing behind (its folder is this process's)."""
-    problem = device_problem(path)
+    built = built_for(path)
+    problem = device_problem(built)
     if problem:
         raise PackageError(problem)
-    return {name: AotiRunner(path, name, single_threaded=name in graphed) for name in MODEL_NAMES}
+    return {name: AotiRunner(path, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu", name in graphed)
+            for name in MODEL_NAMES}
 
 
 def load_exported(path: Path, trust: bool = False) -> dict:
