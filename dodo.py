@@ -2,19 +2,19 @@
 
 Variables (doit style): profile=tiny|sam3 device=cpu|cuda precision=fp32|bf16|fp8 weights=random|PATH config=PATH
                        toolkit=pinned|machine (the CUDA toolkit: the pip wheels uv.lock pins, or the machine's)
+                       cache=URL (a signed binary cache: substitutes from it; pushes with SAM3_AOTI_SIGNING_KEY) ref=NAME
 Each variant (profile, precision, device) builds in its own folder: artifacts/<profile>-<precision>-<device>/.
 """
 
 import os
 import shutil
-from pathlib import Path
 
-from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task
+from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task, weights_inputs
+from tasks.cache import push_built
 from tasks.runs import guard
 from sam3_aoti.pipeline.paths import DEFAULT_CASES, PIN_TABLE, ToolchainPaths
 from sam3_aoti.pipeline.settings import gpu_model, package_version
 from sam3_aoti.runtime.integrity import digest_file
-from sam3_aoti.runtime.tokenizer import CHECKPOINT_TOKENIZER_FILES
 from sam3_aoti.toolchain.cuda_toolkit import machine_toolkit_matters
 
 DOIT_CONFIG = {
@@ -31,21 +31,10 @@ def task_toolchain():
     # The machine's CUDA_HOME and nvcc (absolute paths) matter only where its toolkit can be the one used.
     machine = ({"CUDA_HOME": os.environ.get("CUDA_HOME"), "nvcc": shutil.which("nvcc")}
                if machine_toolkit_matters(SETTINGS.toolkit, package_version("torch")) else {})
-    return stage_task("toolchain", "CUDA toolkit for AOTInductor (the pinned pip wheels, or toolkit=machine) and a doctor with a probe",
+    return stage_task("toolchain", "CUDA toolkit and C++ compiler for AOTInductor, as facts in seconds (the probe runs before a compile)",
                       [PIN_TABLE], [ToolchainPaths.of(SETTINGS).doctor, ENV_FILE],
                       recorded=False,  # per machine, outside the variant's manifest
                       toolkit=SETTINGS.toolkit, machine={**machine, "CXX": os.environ.get("CXX")})
-
-
-def weights_inputs(weights: str) -> list[Path]:
-    """The user's checkpoint files a rebuild depends on: model files and tokenizer files beside them."""
-    if weights == "random":
-        return []
-    source = Path(weights)
-    folder = source if source.is_dir() else source.parent
-    model = [source / "config.json", *sorted(source.glob("*.safetensors"))] if source.is_dir() else [source]
-    tokenizer = [folder / name for name in CHECKPOINT_TOKENIZER_FILES]
-    return model + [f for f in tokenizer if f.is_file()]
 
 
 def task_weights():
@@ -90,15 +79,16 @@ def task_package():
 
 
 def task_verify():
+    # The checkpoint too: eager, the reference, is built from it (a substituted package brings no weights).
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
-                      [PATHS.package, PATHS.fallback_package, DEFAULT_CASES],
+                      [PATHS.package, PATHS.fallback_package, DEFAULT_CASES, *PATHS.checkpoint_files],
                       [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 
 def task_render():
     # After verify (a failed gate stops here), but verify's report is no input of the pictures.
     return {**stage_task("render", "Pictures: eager beside AOTI per case, top-mask differences, score scatter",
-                         [PATHS.package, DEFAULT_CASES],
+                         [PATHS.package, DEFAULT_CASES, *PATHS.checkpoint_files],
                          [PATHS.render_index]),
             "task_dep": ["verify"]}
 
@@ -111,6 +101,12 @@ def task_bench():
 def task_parity():
     return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32 or bf16; needs the sam3 package)",
                       [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])
+
+
+def task_push():
+    return {"doc": f"Push this variant's built stages and its verified package's refs to cache=URL (needs "
+                   f"SAM3_AOTI_SIGNING_KEY) [{relative(PATHS.root)}/]",
+            "actions": [push_built], "uptodate": [False], "verbosity": 2}
 
 
 def task_check():

@@ -31,7 +31,8 @@ from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
 from tasks.runs import RUNNING, die_with_parent, low_disk, may_write_now  # noqa: E402
 
-VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
+SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
+VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
 # Stages that load the package: up to date only while the package still holds what `package` wrote, so that a
 # damaged package is rebuilt, and verified again, before any of them is taken as done.
 READS_PACKAGE = ("verify", "render", "bench", "parity")
@@ -47,7 +48,7 @@ def _settings():
 
     try:
         check_variables(doit_cmd._CMDLINE_VARS or {}, VARIABLES)
-        settings = load_settings(**{name: get_var(name) for name in VARIABLES})
+        settings = load_settings(**{name: get_var(name) for name in SETTING_VARIABLES})
         check_cases(DEFAULT_CASES)
         return settings
     except Sam3AotiError as e:
@@ -60,6 +61,19 @@ if SETTINGS.notice:
     print(f"sam3-aoti: {SETTINGS.notice}", file=sys.stderr)
 PATHS = ProfilePaths.of(SETTINGS)
 ENV_FILE = ToolchainPaths.of(SETTINGS).env_file
+
+
+def weights_inputs(weights: str) -> list[Path]:
+    """The user's checkpoint files a rebuild depends on: model files and tokenizer files beside them."""
+    from sam3_aoti.runtime.tokenizer import CHECKPOINT_TOKENIZER_FILES
+
+    if weights == "random":
+        return []
+    source = Path(weights)
+    folder = source if source.is_dir() else source.parent
+    model = [source / "config.json", *sorted(source.glob("*.safetensors"))] if source.is_dir() else [source]
+    tokenizer = [folder / name for name in CHECKPOINT_TOKENIZER_FILES]
+    return model + [f for f in tokenizer if f.is_file()]
 
 
 def module_file(module: str) -> Path | None:
@@ -130,9 +144,9 @@ def stage_command(name: str) -> list[str]:
 def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     """The environment of a stage process: ours, the checkout's library first, Inductor's caches in the
     variant's folder (no global temp cache changes a build; a rebuild reuses its kernels), plus the
-    toolchain's cuda.env, except for `toolchain`, which writes that file: it must probe the machine as it
-    is, or a fix recorded by an earlier run (CXX) makes the probe pass, is left out of the new file, and
-    the compile crashes."""
+    toolchain's cuda.env, except for `toolchain`, which writes that file: it must see the machine as it
+    is, or a fix recorded by an earlier run (CXX) is taken for the machine's compiler and left out of the
+    new file; and after `probe`, a fix the probe found (probe.env)."""
     from sam3_aoti.toolchain.cuda_env import read_env_file
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(linked(PATHS.inductor_cache)),
@@ -140,6 +154,8 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(linked(SOURCES)), env.get("PYTHONPATH")]))
     if name != "toolchain":
         env.update(read_env_file(env_file, env))
+    if name not in ("toolchain", "probe"):
+        env.update(read_env_file(ToolchainPaths.of(SETTINGS).probe_env, env))
     return env
 
 
@@ -177,13 +193,56 @@ def run_stage(name: str):
     return TaskFailed(f"stage {name} failed ({how}){disk}; log: {relative(PATHS.log(name))}{more}")
 
 
+def build(name: str):
+    """A stage's action: for compile, the cache by content first, then the probe; the stage; then its key in the
+    manifest and, where this run pushes, its outputs in the cache (tasks.cache)."""
+    from tasks import cache
+
+    if name == "compile":
+        if cache.open_cache() and cache.substitute("compile", cache.compile_content_key()):
+            return None
+        failed = run_stage("probe")  # only before a compile that really runs
+        if failed:
+            return failed
+    failed = run_stage(name)
+    if failed or name not in cache.INPUTS:
+        return failed
+    try:
+        cache.built(name)
+    except Sam3AotiError as e:  # no key without the toolchain's facts: the build stands, it is not pushed
+        print(f"sam3-aoti cache: {name} has no key ({e})", file=sys.stderr)
+    return None
+
+
+def substituted_task(name: str, doc: str, targets: list) -> dict:
+    """A stage whose outputs came from the binary cache for today's key: it reads nothing upstream (weights,
+    export and compile need not exist here), and stays up to date while its outputs are intact and its key
+    is today's."""
+    from tasks import cache
+
+    key = cache.substituted()[name]
+
+    def fetch_again():
+        return None if cache.open_cache() and cache.substitute(name, key) else TaskFailed(
+            f"{name}: its substituted outputs changed and the cache cannot give them again: run again with no "
+            "cache to build it here")
+
+    return {"doc": f"{doc} [{relative(PATHS.root)}/, substituted from the binary cache]",
+            "actions": [fetch_again], "targets": [str(relative(Path(p))) for p in targets],
+            "uptodate": [lambda task, values: cache._intact(name, key)], "clean": True, "verbosity": 2}
+
+
 def stage_task(name: str, doc: str, file_dep: list, targets: list, recorded: bool = True,
                **fingerprint_extra) -> dict:
     """Paths inside the checkout are given relative to it (doit runs from dodo.py's folder), so doit's state
     holds no absolute path: a copied or moved checkout with its artifacts is still up to date."""
+    from tasks import cache
+
+    if name in cache.SUBSTITUTED_AT_LOAD and name in cache.substituted():
+        return substituted_task(name, doc, targets)
     return {
         "doc": f"{doc} [{relative(PATHS.root)}/]",
-        "actions": [(run_stage, [name])],
+        "actions": [(build, [name])],
         "file_dep": [str(relative(Path(p))) for p in [*sources(name), *file_dep]],
         "targets": [str(relative(Path(p))) for p in targets],
         "uptodate": [config_changed({**SETTINGS.fingerprint(name), **fingerprint_extra}),

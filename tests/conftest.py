@@ -74,3 +74,15 @@ def tiny_model():
     return build_model(load_settings(device="cpu"))
 
 
+
+
+@pytest.fixture
+def s3_server(tmp_path, monkeypatch):
+    """A real S3 server on 127.0.0.1 for one test (helpers.S3Server); this process's clients point at it."""
+    from helpers import S3Server
+
+    server = S3Server(tmp_path).start()
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    yield server
+    server.stop()

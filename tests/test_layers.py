@@ -55,7 +55,7 @@ def test_each_stage_depends_on_exactly_the_modules_it_imports():
     import tasks
 
     graph = grimp.build_graph("sam3_aoti")
-    runs = {"toolchain": {"sam3_aoti.toolchain.probe"}}  # compiler_fixes runs the probe in a subprocess
+    runs = {s: {"sam3_aoti.toolchain.probe"} for s in ("toolchain", "probe")}  # compiler_fixes runs the probe
     src = REPO / "src"
     for stage in stage_modules():
         start = f"sam3_aoti.stages.{stage}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sam3_aoti.stages import toolchain
-from sam3_aoti.toolchain import compiler_fixes, cuda_env, cuda_toolkit
+from sam3_aoti.toolchain import compiler_fixes, cuda_env, cuda_toolkit, facts
 from sam3_aoti.errors import ToolchainError
 
 from helpers import TINY, run_doit
@@ -198,9 +198,9 @@ def test_toolchain_stage_probes_the_machine_without_an_earlier_fix(tmp_path, mon
     assert tasks.stage_env("compile", env_file)["CXX"] == "/fix/g++"
     assert tasks.stage_env("toolchain", env_file)["CXX"] == "/machine/g++"
     sourced = cuda_env.read_env_file(env_file, {"PATH": "/usr/bin"})  # a user who sourced the file
-    assert toolchain.machine_env({"PATH": "/usr/bin", **sourced}) == {"CUDA_HOME": "/opt/cuda",
+    assert facts.machine_env({"PATH": "/usr/bin", **sourced}) == {"CUDA_HOME": "/opt/cuda",
                                                                      "PATH": "/opt/cuda/bin:/usr/bin"}
-    assert toolchain.machine_env({"CXX": "/machine/g++"}) == {"CXX": "/machine/g++"}
+    assert facts.machine_env({"CXX": "/machine/g++"}) == {"CXX": "/machine/g++"}
 
 
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):

@@ -73,6 +73,16 @@ class ToolchainPaths:
     def doctor(self) -> Path:
         return self.root / "doctor.json"
 
+    @property
+    def probe_report(self) -> Path:
+        """The AOTI probe's verdict for the cuda.env it ran with (stages.probe, run before a real compile)."""
+        return self.root / "probe.json"
+
+    @property
+    def probe_env(self) -> Path:
+        """A fix the probe found, applied after cuda.env for every stage after it."""
+        return self.root / "probe.env"
+
 
 @dataclass(frozen=True)
 class ProfilePaths:

@@ -72,12 +72,15 @@ def stage_logging(settings: Settings, stage: str):
             h.close()
 
 
-def quiet_libraries() -> None:
-    """Builds never download, and library progress bars/deprecation chatter would bury ours."""
+def quiet_libraries(stage: str) -> None:
+    """Builds never download, and library progress bars/deprecation chatter would bury ours. (The toolchain
+    stages import neither torch nor transformers: they keep their seconds.)"""
     import os
     import warnings
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if stage in ("toolchain", "probe"):
+        return
     warnings.filterwarnings("ignore", message="The given buffer is not writable")
     warnings.filterwarnings("ignore", category=FutureWarning)
     from transformers.utils import logging as hf_logging
@@ -86,7 +89,7 @@ def quiet_libraries() -> None:
 
 
 def run(stage: str, fn, settings: Settings):
-    quiet_libraries()
+    quiet_libraries(stage)
     with stage_logging(settings, stage):
         return fn(settings)
 

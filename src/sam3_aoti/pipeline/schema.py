@@ -92,6 +92,17 @@ def _inductor():
             "a table of torch._inductor.config keys with plain values")
 
 
+def _public_keys():
+    def check(v) -> bool:
+        from ..runtime.signing import PublicKey
+
+        try:
+            return isinstance(v, list) and all(isinstance(k, str) and PublicKey.parse(k) for k in v)
+        except ConfigError:
+            return False
+    return check, "a list of NAME:BASE64 ed25519 public keys (`sam3-aoti cache keygen NAME` prints one)"
+
+
 UNIT = _number(0.0, 1.0)
 TOLERANCE = _number(0.0)
 # [bench] columns: each name and its label in bench.md (bench.py reads the labels from here)
@@ -160,6 +171,11 @@ SCHEMA = {
         "score_threshold": (*UNIT, REQUIRED),
         "max_instances": (*_int(1, 200), REQUIRED),
     }, REQUIRED),
+    "cache": ({
+        "url": ((lambda v: isinstance(v, str)), 'a folder, file://, s3:// or https:// URL, or "" for none', OPTIONAL),
+        "trusted_keys": (*_public_keys(), OPTIONAL),
+        "push": (*_distinct(("compile", "package", "verify", "render"), "stages"), OPTIONAL),
+    }, OPTIONAL),
 }
 
 

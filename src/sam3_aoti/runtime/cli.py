@@ -1,5 +1,6 @@
 """`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...` runs a built package on one image;
-`sam3-aoti info PACKAGE [--json]` says what a package holds.
+`sam3-aoti info PACKAGE [--json]` says what a package holds; `sam3-aoti pull URL REF DEST` fetches a verified
+package by a signed ref from a binary cache; `sam3-aoti cache keygen NAME --out KEYFILE` makes a signing key.
 
 predict: tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) *
 sigmoid(presence), threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
@@ -103,6 +104,38 @@ def show_info(path: Path, as_json: bool, trust: bool, sha256: str | None) -> Non
     print(json.dumps(info, indent=2) if as_json else format_info(info))
 
 
+def keygen(name: str, out: Path) -> None:
+    """A new ed25519 signing key in `out` (owner-only, never overwritten); its public key on stdout."""
+    import os
+
+    from .signing import SecretKey
+
+    key = SecretKey.generate(name)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise PackageError(f"{out} exists: a signing key is never overwritten; pass another --out") from None
+    except OSError as e:
+        raise PackageError(f"cannot write {out} ({first_line(e)}): pass another --out") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(key.text() + "\n")
+    print(key.public)
+    print(f"sam3-aoti: secret key in {out}: push with SAM3_AOTI_SIGNING_KEY={out}; trust the line above on "
+          "every machine that substitutes ([cache] trusted_keys or SAM3_AOTI_TRUSTED_KEYS)", file=sys.stderr)
+
+
+def pull(url: str, ref: str, dest: Path, trusted: list[str]) -> None:
+    from .binary_cache import pull as pull_ref
+    from .signing import trusted_keys
+
+    t0 = time.perf_counter()
+    origin = pull_ref(url, ref, dest, trusted_keys(trusted),
+                      progress=lambda line: print(f"sam3-aoti pull: {line}", file=sys.stderr, flush=True))
+    print(f"{dest / 'sam3.pt2'}: ref {ref} from {url}, signed by {origin['signed_by']}, verified "
+          f"({time.perf_counter() - t0:.1f} s)")
+
+
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into a program that closes early (`| head`): quiet
     try:
@@ -136,7 +169,24 @@ def run_command(argv: list[str] | None) -> None:
     info.add_argument("--json", action="store_true", help="print JSON for machines")
     info.add_argument("--sha256", help="the package's sha256 (instead of the .sha256 file beside it)")
     info.add_argument("--trust", action="store_true", help="describe a package with no digest to check")
+    get = commands.add_parser("pull", help="a verified package by a signed ref from a binary cache")
+    get.add_argument("url", help="the cache: a folder, file://, s3://bucket/prefix or https://")
+    get.add_argument("ref", help="the ref a builder published, e.g. sam3-bf16-cuda@NVIDIA-H200")
+    get.add_argument("dest", type=Path, help="folder for sam3.pt2, sam3.pt2.sha256, report.json and origin.json")
+    get.add_argument("--trusted-key", action="append", default=[], metavar="NAME:BASE64",
+                     help="a public key whose signature is trusted (repeat; also $SAM3_AOTI_TRUSTED_KEYS)")
+    cache = commands.add_parser("cache", help="binary cache keys")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    gen = cache_commands.add_parser("keygen", help="write a new ed25519 signing key; print its public key")
+    gen.add_argument("name", help="the key's name, e.g. builder-1.example.org (signatures carry it)")
+    gen.add_argument("--out", type=Path, required=True, help="file for the secret key (created, mode 600)")
     args = parser.parse_args(argv)
+    if args.command == "pull":
+        pull(args.url, args.ref, args.dest, args.trusted_key)
+        return
+    if args.command == "cache":
+        keygen(args.name, args.out)
+        return
     if args.command == "info":
         show_info(args.package, args.json, args.trust, args.sha256)
         return

@@ -54,8 +54,32 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
         "weights_sha256": {part.split("/")[2]: sha for part, sha in metadata.get("parts_sha256", {}).items()
                            if part.endswith("_weights.blob")},
         "fallback": {"path": str(fallback), "bytes": fallback.stat().st_size} if fallback.is_file() else None,
+        "origin": origin_of(path),
         "models": models,
     }
+
+
+def origin_of(path: Path) -> dict | None:
+    """Where the package came from, as the place it lies in says: built or substituted (the build's manifest,
+    two folders up), or pulled by a ref (`sam3-aoti pull`'s origin.json beside it)."""
+    def read(file: Path):
+        try:
+            return json.loads(file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    pulled = read(path.parent / "origin.json")
+    if isinstance(pulled, dict) and "ref" in pulled:
+        return {"how": "pulled", **{k: pulled.get(k) for k in ("ref", "url", "signed_by", "built_by", "pulled")}}
+    manifest = read(path.parent.parent / "manifest.json")
+    entry = manifest.get("stages", {}).get("package", {}) if isinstance(manifest, dict) else {}
+    if f"{path.parent.name}/{path.name}" not in entry.get("outputs", {}):
+        return None
+    origin = entry.get("origin", {})
+    if "substituted" in origin:
+        return {"how": "substituted", "url": origin["substituted"], "signed_by": origin.get("signed_by"),
+                "built_by": origin.get("built_by"), "key": entry.get("key")}
+    return {"how": "built", "host": origin.get("built"), "key": entry.get("key")}
 
 
 def format_info(info: dict) -> str:
@@ -68,6 +92,12 @@ def format_info(info: dict) -> str:
     fallback = info["fallback"]
     lines.append(f"fallback: {Path(fallback['path']).name} ({human_size(fallback['bytes'])})" if fallback
                  else "fallback: none beside it (AOTI only)")
+    origin = info.get("origin")
+    if origin:
+        lines.append({"built": lambda o: f"origin: built here ({o.get('host') or 'this machine'})",
+                      "substituted": lambda o: f"origin: substituted from {o['url']}, signed by {o['signed_by']}",
+                      "pulled": lambda o: f"origin: pulled ref {o['ref']} from {o['url']}, signed by {o['signed_by']}",
+                      }[origin["how"]](origin))
     lines.append(f"weights: {info['weights']}")
     for name, model in info["models"].items():
         sizes = f"code {human_size(model.get('code_bytes', 0))}, weights {human_size(model.get('weights_bytes', 0))}"

@@ -1,0 +1,208 @@
+"""The binary cache, Nix's substituter model on any `store.Store`:
+
+    blobs/sha256/<2>/<sha256>     file contents, named by their sha256
+    entries/<stage>/<key>.json    a stage's outputs for one input-addressed key: path -> sha256, size; signed
+    refs/<name>.json              a name (sam3-bf16-cuda@NVIDIA-H200) -> a verified package; signed
+
+A record is signed (ed25519, `signing`) over its canonical JSON, so its signature covers the key or name it
+answers for, every output's sha256 and what the builder said about it. Blobs go up before the record that
+names them, so a reader never sees a half push; a reader takes a record only when a trusted key signed it,
+and a blob only when its sha256 is the record's. Two builders pushing one key both write whole records of
+whole blobs: the last one wins, and either is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path, PurePosixPath
+
+from ..errors import Sam3AotiError
+from .files import human_size, sha256
+from .signing import KEY_NAME, SecretKey, PublicKey, TrustError, signer
+from .store import Store, StoreError
+
+ENTRY_FORMAT = "sam3-aoti-entry/1"
+REF_FORMAT = "sam3-aoti-ref/1"
+# What a ref hands a node: the package, its digest (what load_package checks) and the verify report.
+REF_FILES = ("sam3.pt2", "sam3.pt2.sha256", "report.json")
+
+
+class Refused(Sam3AotiError):
+    """A record or blob the cache offered that is not taken (why in the message); the caller builds instead."""
+
+
+def canonical(record: dict) -> bytes:
+    """The bytes a signature covers: the record without its signatures, keys sorted, no spaces."""
+    body = {k: v for k, v in record.items() if k != "signatures"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def blob_path(digest: str) -> str:
+    return f"blobs/sha256/{digest[:2]}/{digest}"
+
+
+def entry_path(stage: str, key: str) -> str:
+    return f"entries/{stage}/{key}.json"
+
+
+def ref_path(name: str) -> str:
+    if not KEY_NAME.match(name) or ".." in name:
+        raise Sam3AotiError(f"ref {name!r}: use letters, digits and . _ @ + - (e.g. sam3-bf16-cuda@NVIDIA-H200)")
+    return f"refs/{name}.json"
+
+
+def builder() -> dict:
+    return {"host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def safe_relative(rel: str) -> bool:
+    """A relative path with no way out of the folder it lands in."""
+    path = PurePosixPath(rel)
+    return bool(rel) and not path.is_absolute() and ".." not in path.parts and "\\" not in rel and path.parts[0] != ""
+
+
+class Cache:
+    """One cache URL, the keys its records must be signed by, and (to push) the key that signs."""
+
+    def __init__(self, url: str, trusted: dict[str, PublicKey], secret: SecretKey | None = None):
+        self.store, self.trusted, self.secret = Store(url), trusted, secret
+        self.url = self.store.url
+
+    def _take(self, rel: str, fmt: str, answers: dict) -> tuple[dict, str] | None:
+        """The signed record at `rel` and its signer, None where there is none; Refused when it is not one
+        a trusted key signed for exactly what was asked (`answers`: the fields it must hold)."""
+        data = self.store.read(rel)
+        if data is None:
+            return None
+        try:
+            record = json.loads(data)
+            if not isinstance(record, dict) or record.get("format") != fmt:
+                raise ValueError
+        except ValueError:
+            raise Refused(f"{rel} in {self.url} is not a {fmt} record: refused") from None
+        try:
+            name = signer(record.get("signatures") or [], canonical(record), self.trusted)
+        except TrustError as e:
+            raise Refused(f"{rel} in {self.url}: {e}: refused") from None
+        for field, value in answers.items():
+            if record.get(field) != value:
+                raise Refused(f"{rel} in {self.url} is signed for {field} {record.get(field)!r}, not {value!r}: refused")
+        outputs = record.get("outputs")
+        if not isinstance(outputs, dict) or not all(
+                safe_relative(rel_out) and isinstance(o, dict) and re.fullmatch(r"[0-9a-f]{64}", str(o.get("sha256")))
+                and isinstance(o.get("bytes"), int) and o["bytes"] >= 0 for rel_out, o in outputs.items()):
+            raise Refused(f"{rel} in {self.url} names outputs that are not relative paths with a sha256: refused")
+        return record, name
+
+    def entry(self, stage: str, key: str) -> tuple[dict, str] | None:
+        return self._take(entry_path(stage, key), ENTRY_FORMAT, {"stage": stage, "key": key})
+
+    def ref(self, name: str) -> tuple[dict, str] | None:
+        return self._take(ref_path(name), REF_FORMAT, {"name": name})
+
+    def fetch(self, record: dict, dest: Path, units: list[str], progress=None) -> list[Path]:
+        """Every output of `record` under `dest`, each of `units` (files or folders, relative to `dest`) put in
+        place whole only after all of them arrived checked. An output outside `units` is refused."""
+        outputs = record["outputs"]
+        for rel in outputs:
+            if not any(rel == u or rel.startswith(u + "/") for u in units):
+                raise Refused(f"the record names {rel}, which is not an output of this stage: refused")
+        missing = [u for u in units if not any(rel == u or rel.startswith(u + "/") for rel in outputs)]
+        if missing:
+            raise Refused(f"the record lacks {missing[0]}: refused")
+        dest.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".substitute.", dir=dest))  # swept by a next run if this one dies
+        try:
+            for rel, out in sorted(outputs.items()):
+                try:
+                    self.store.download(blob_path(out["sha256"]), staging / rel, out["sha256"], out["bytes"],
+                                        _every(5.0, rel, progress))
+                except StoreError as e:
+                    raise Refused(f"{rel}: {e}") from None
+            for unit in units:
+                target = dest / unit
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / unit, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return [dest / u for u in units]
+
+    def push_files(self, files: dict[str, Path], progress=None) -> dict:
+        """Upload every file not already in the store (content-addressed: present means done); the outputs map."""
+        outputs, last = {}, time.monotonic()
+        for rel, path in sorted(files.items()):
+            digest, size = sha256(path), path.stat().st_size
+            outputs[rel] = {"sha256": digest, "bytes": size}
+            if self.store.size(blob_path(digest)) != size:
+                if progress and (size > 1 << 28 or time.monotonic() - last > 5):
+                    progress(f"uploading {rel} ({size / 2**20:.0f} MB)")
+                    last = time.monotonic()
+                self.store.upload(path, blob_path(digest))
+        return outputs
+
+    def _sign(self, record: dict) -> bytes:
+        if self.secret is None:
+            raise Sam3AotiError("pushing needs a signing key: set SAM3_AOTI_SIGNING_KEY to a file that "
+                                "`sam3-aoti cache keygen` wrote")
+        record["signatures"] = [self.secret.sign(canonical(record))]
+        return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+
+    def push_entry(self, stage: str, key: str, files: dict[str, Path], info: dict, progress=None) -> dict:
+        outputs = self.push_files(files, progress)  # blobs first: the entry is written last
+        record = {"format": ENTRY_FORMAT, "stage": stage, "key": key, "outputs": outputs, "info": info,
+                  "built_by": builder()}
+        self.store.write(entry_path(stage, key), self._sign(record))
+        return record
+
+    def push_ref(self, name: str, files: dict[str, Path], info: dict, progress=None) -> dict:
+        outputs = self.push_files(files, progress)
+        record = {"format": REF_FORMAT, "name": name, "outputs": outputs, "info": info, "built_by": builder()}
+        self.store.write(ref_path(name), self._sign(record))
+        return record
+
+
+def _every(seconds: float, name: str, progress):
+    """A download's per-block callback that says how far it got, at most every `seconds`."""
+    if progress is None:
+        return None
+    last = [time.monotonic()]
+
+    def report(got: int, size: int) -> None:
+        if time.monotonic() - last[0] > seconds:
+            progress(f"{name}: {human_size(got)} of {human_size(size)}")
+            last[0] = time.monotonic()
+    return report
+
+
+def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None) -> dict:
+    """`sam3-aoti pull`: the package a signed ref names, its digest file and its verify report into `dest`,
+    each checked against the ref; `dest/origin.json` says where they came from and who signed them."""
+    cache = Cache(url, trusted)
+    found = cache.ref(name)
+    if found is None:
+        raise Refused(f"{url} has no ref {name!r} (a builder publishes it: `uv run doit cache=URL ref=NAME`)")
+    record, signed_by = found
+    if set(record["outputs"]) != set(REF_FILES):
+        raise Refused(f"ref {name} names {sorted(record['outputs'])}, not {list(REF_FILES)}: refused")
+    if record.get("info", {}).get("verified") is not True:
+        raise Refused(f"ref {name} points at a package that did not pass verify: refused")
+    digest = record["outputs"]["sam3.pt2"]["sha256"]
+    dest = Path(dest)
+    cache.fetch(record, dest, list(REF_FILES), progress)
+    if (dest / "sam3.pt2.sha256").read_text().split()[:1] != [digest]:
+        (dest / "sam3.pt2.sha256").unlink()  # a digest file that disagrees with the signed record is no digest
+        raise Refused(f"ref {name}: its sam3.pt2.sha256 does not name the package's sha256: refused")
+    origin = {"ref": name, "url": url, "signed_by": signed_by, "built_by": record.get("built_by"),
+              "pulled": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "info": record.get("info", {})}
+    from .files import write_text_atomic
+
+    write_text_atomic(dest / "origin.json", json.dumps(origin, indent=2) + "\n")
+    return origin
