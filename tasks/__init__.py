@@ -171,7 +171,7 @@ def run_stage(name: str):
     proc = subprocess.Popen(stage_command(name), cwd=linked(ROOT), env=stage_env(name), start_new_session=True,
                             preexec_fn=die_with_parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace")
-    RUNNING.append((name, proc))
+    RUNNING.append((name, proc))  # the probe runs beside the compile: both get a Ctrl-C
     raw = 0
     try:
         with open(raw_log, "w") as other:
@@ -184,7 +184,7 @@ def run_stage(name: str):
                     raw += 1
         returncode = proc.wait()
     finally:
-        RUNNING.clear()
+        RUNNING.remove((name, proc))
     if returncode == 0:
         return None
     how = f"exit {returncode}" if returncode > 0 else f"killed by {signal.Signals(-returncode).name}"
@@ -194,17 +194,16 @@ def run_stage(name: str):
 
 
 def build(name: str):
-    """A stage's action: for compile, the cache by content first, then the probe; the stage; then its key in the
-    manifest and, where this run pushes, its outputs in the cache (tasks.cache)."""
+    """A stage's action: for compile, the cache by content first; the stage; then its key in the manifest and,
+    where this run pushes, its outputs in the cache (tasks.cache)."""
     from tasks import cache
 
     if name == "compile":
         if cache.open_cache() and cache.substitute("compile", cache.compile_content_key()):
             return None
-        failed = run_stage("probe")  # only before a compile that really runs
-        if failed:
-            return failed
-    failed = run_stage(name)
+        failed = compile_with_probe()
+    else:
+        failed = run_stage(name)
     if failed or name not in cache.INPUTS:
         return failed
     try:
@@ -212,6 +211,26 @@ def build(name: str):
     except Sam3AotiError as e:  # no key without the toolchain's facts: the build stands, it is not pushed
         print(f"sam3-aoti cache: {name} has no key ({e})", file=sys.stderr)
     return None
+
+
+def compile_with_probe():
+    """The AOTI probe beside the compile that really runs, not before it (a minute on a GPU, hidden behind the
+    compile's five): a probe that finds the toolchain broken, and a fix, has the compile redone with the fix."""
+    import threading
+
+    fix = ToolchainPaths.of(SETTINGS).probe_env
+    before = fix.read_text() if fix.exists() else None
+    probe: list = []
+    beside = threading.Thread(target=lambda: probe.append(run_stage("probe")))
+    beside.start()
+    failed = run_stage("compile")
+    beside.join()
+    if probe[0]:
+        return probe[0]
+    if (fix.read_text() if fix.exists() else None) != before:
+        print(f"sam3-aoti: the probe found a fix ({relative(fix)}): compiling again with it", file=sys.stderr)
+        failed = run_stage("compile")
+    return failed
 
 
 def substituted_task(name: str, doc: str, targets: list) -> dict:

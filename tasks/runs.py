@@ -26,7 +26,7 @@ READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion"}
 # atomic_output's temporaries: ".<target name>.<8 characters of mkdtemp>", beside the target
 TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}$")
 _held = []  # the open lock file, for the life of the process
-RUNNING: list = []  # (stage, Popen) of the stage process doit waits for, if any
+RUNNING: list = []  # (stage, Popen) of the stage processes doit waits for (the probe runs beside compile)
 
 
 def doit_command(argv: list[str]) -> str:

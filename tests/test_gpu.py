@@ -18,7 +18,8 @@ def test_tiny_pipeline_on_cuda(tmp_path):
     repo = copy_repo(tmp_path)
     run_doit(repo, "device=cuda")
     doctor = json.loads((repo / "artifacts" / "toolchain" / "doctor.json").read_text())
-    assert doctor["verdict"].startswith("ok")
+    probe = json.loads((repo / "artifacts" / "toolchain" / "probe.json").read_text())  # run before the compile
+    assert probe["ok"], probe
     assert doctor["toolkit"]["version"] == ".".join(doctor["torch_cuda"].split(".")[:2])
     if load_pins(doctor["toolkit"]["version"]):  # hermetic by default: the pinned wheels, not the machine's
         assert doctor["toolkit"]["source"] == "pip wheels", doctor["toolkit"]

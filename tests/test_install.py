@@ -99,6 +99,11 @@ print(json.dumps({{"loaded": loaded, "version": __version__, "file": sam3_aoti.r
     bad = subprocess.run([str(cli), "predict", str(package), "--image", str(tmp_path / "none.png"), "--prompt", "x"],
                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no image at" in bad.stderr
+    # the binary cache is an extra: without it, `pull` says how to get it, in one line
+    pull = subprocess.run([str(cli), "pull", "s3://models/sam3-cache", "sam3-bf16-cuda@NVIDIA-H200", str(tmp_path / "d")],
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    assert pull.returncode == 2 and len(pull.stderr.strip().splitlines()) == 1, pull.stderr
+    assert "pip install 'sam3-aoti[cache]'" in pull.stderr
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """CUDA toolkit from pip wheels and the doctor's probe, on a machine without a GPU."""
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -223,9 +224,9 @@ def test_env_file_reaches_the_compile_stage(built_repo):
     metadata = load_package(built_repo / TINY / "package" / "sam3.pt2", prefer_aoti=False).metadata
     assert metadata["toolchain"]["CUDA_HOME"] == env.get("CUDA_HOME")
     assert metadata["toolchain"]["build"] == facts  # nvcc, header and compiler versions travel with the package
-    doctor = json.loads((built_repo / "artifacts" / "toolchain" / "doctor.json").read_text())
-    assert doctor["probe"]["ok"] and doctor["verdict"] == "ok"  # the probe ran AOTI on the CPU, correctly
-    assert doctor["probe"]["max_abs_diff"] < 1e-4
+    probe = json.loads((built_repo / "artifacts" / "toolchain" / "probe.json").read_text())
+    assert probe["ok"] and probe["probe"]["max_abs_diff"] < 1e-4  # the probe ran AOTI on the CPU, correctly
+    assert probe["cuda_env_sha256"] == hashlib.sha256(env_file.read_bytes()).hexdigest()  # for this toolchain
 
 
 def test_another_compiler_version_makes_compile_stale(built_repo):
@@ -274,3 +275,55 @@ def test_env_file_names_the_checkout_relative_to_itself(tmp_path):
     sourced = subprocess.run(["bash", "-c", f'source "{env_file}"; echo "$CUDA_HOME"'], capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin"})
     assert sourced.stdout.strip() == str(tmp_path / "copy" / ".venv" / "lib" / "nvidia" / "cu 13")
+
+
+def test_a_statically_linking_compiler_is_replaced_without_a_probe(tmp_path):
+    """The H200's /opt/gcc g++ links libstdc++ statically (its AOTI wrappers crash on load): the facts take the
+    machine's shared-linking g++ at once, in about a second, and record why; nothing is probed."""
+    import time
+
+    static = compiler_fixes.compiler_wrapper(tmp_path / "g++-static", shutil.which("g++"), ["-static-libstdc++"])
+    t0 = time.perf_counter()
+    report, env = facts.gather("cpu", "pinned", {"PATH": "/usr/bin:/bin", "CXX": str(static)}, tmp_path)
+    assert time.perf_counter() - t0 < 30
+    assert report["fix"].startswith("compiler linking libstdc++ shared: ") and "probe" not in report
+    assert env["CXX"] != str(static) and not compiler_fixes.links_libstdcxx_statically(env["CXX"], tmp_path)
+    assert facts.build_facts(report)["C++ compiler"] == report["cxx_used"]["version"]
+
+
+def test_the_probe_runs_once_per_toolchain(tmp_path):
+    from sam3_aoti.pipeline.paths import ToolchainPaths
+    from sam3_aoti.stages.probe import passed_before
+
+    paths = ToolchainPaths(tmp_path)
+    paths.env_file.write_text("export CXX=/usr/bin/g++\n")
+    digest = hashlib.sha256(paths.env_file.read_bytes()).hexdigest()
+    paths.probe_report.write_text(json.dumps({"cuda_env_sha256": digest, "ok": True}))
+    assert passed_before(paths, digest)
+    assert not passed_before(paths, hashlib.sha256(b"another toolchain").hexdigest())
+
+
+def test_a_fix_the_probe_finds_beside_the_compile_has_it_compiled_again(monkeypatch, tmp_path):
+    """The probe runs beside the compile; when it finds the toolchain broken and a fix (probe.env), the compile
+    that ran without the fix is done again with it."""
+    import tasks
+
+    calls = []
+    fix = tasks.ToolchainPaths.of(tasks.SETTINGS).probe_env
+    saved = fix.read_text() if fix.exists() else None
+
+    def fake_run_stage(name):
+        calls.append(name)
+        if name == "probe":
+            fix.parent.mkdir(parents=True, exist_ok=True)
+            fix.write_text(f"export CXX=/fixed/g++ # {len(calls)}\n")
+        return None
+
+    monkeypatch.setattr(tasks, "run_stage", fake_run_stage)
+    try:
+        assert tasks.compile_with_probe() is None
+    finally:
+        fix.unlink(missing_ok=True)
+        if saved is not None:
+            fix.write_text(saved)
+    assert sorted(calls) == ["compile", "compile", "probe"] and calls[-1] == "compile"

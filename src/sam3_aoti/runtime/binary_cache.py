@@ -123,6 +123,8 @@ class Cache:
                 try:
                     self.store.download(blob_path(out["sha256"]), staging / rel, out["sha256"], out["bytes"],
                                         _every(5.0, rel, progress))
+                    if out.get("executable") is True:
+                        (staging / rel).chmod(0o755)
                 except StoreError as e:
                     raise Refused(f"{rel}: {e}") from None
             for unit in units:
@@ -141,6 +143,8 @@ class Cache:
         for rel, path in sorted(files.items()):
             digest, size = sha256(path), path.stat().st_size
             outputs[rel] = {"sha256": digest, "bytes": size}
+            if path.stat().st_mode & 0o111:
+                outputs[rel]["executable"] = True  # a compiled .so comes back as it was built
             if self.store.size(blob_path(digest)) != size:
                 if progress and (size > 1 << 28 or time.monotonic() - last > 5):
                     progress(f"uploading {rel} ({size / 2**20:.0f} MB)")

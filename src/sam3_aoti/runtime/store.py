@@ -32,14 +32,26 @@ def _fsspec():
     return fsspec
 
 
+def _options(url: str) -> dict:
+    """S3: botocore's own checksums only where the protocol requires them. Its default (since 1.36) checks a
+    whole object's CRC against each ranged read, which S3-compatible stores fail; every download here is checked
+    against its sha256 anyway."""
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        return {"config_kwargs": {"request_checksum_calculation": "when_required",
+                                  "response_checksum_validation": "when_required"}}
+    return {}
+
+
 class Store:
     def __init__(self, url: str):
         self.url = str(url).rstrip("/")
         try:
             # a filesystem of its own: fsspec's shared instances would keep an endpoint the environment has changed
-            self.fs, self.root = _fsspec().core.url_to_fs(self.url, skip_instance_cache=True)
-        except (ImportError, ValueError) as e:  # an unknown protocol, or its backend not installed
-            raise ConfigError(f"cache={url}: {first_line(e)} (use a folder, file://, s3:// or https://)") from None
+            self.fs, self.root = _fsspec().core.url_to_fs(self.url, skip_instance_cache=True, **_options(self.url))
+        except ImportError as e:  # a known protocol whose backend is not installed (s3fs, aiohttp)
+            raise ConfigError(f"cache {url}: {first_line(e)}: pip install 'sam3-aoti[cache]'") from None
+        except ValueError as e:  # an unknown protocol
+            raise ConfigError(f"cache {url}: {first_line(e)} (use a folder, file://, s3:// or https://)") from None
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.local = protocol in ("file", "local")
         self.writable = protocol not in READ_ONLY
