@@ -11,7 +11,7 @@ import shutil
 
 from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task, weights_inputs
 from tasks.cache import push_built
-from tasks.runs import guard
+from tasks.runs import RecordedChecksums, guard
 from sam3_aoti.pipeline.paths import DEFAULT_CASES, PIN_TABLE, ToolchainPaths
 from sam3_aoti.pipeline.settings import gpu_model, package_version
 from sam3_aoti.runtime.integrity import digest_file
@@ -23,7 +23,9 @@ DOIT_CONFIG = {
     "backend": "json",  # saved after every task (tasks.runs): an interrupted run loses only its current task
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
+    "check_file_uptodate": RecordedChecksums,  # the manifest's sha256 where it has one (no second hash of GBs)
 }
+RecordedChecksums.manifest = PATHS.manifest
 guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit's state saved per task
 
 

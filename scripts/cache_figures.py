@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 STEPS = {  # step -> what it is, and the target of the issue it answers (seconds)
+    "fresh-box": ("a fresh box with no cache at all: toolchain to render", 540),
     "cache-A-fresh-box": ("A: a fresh box, no cache to read: toolchain to render, pushing", 540),
     "cache-B-folder": ("B: a fresh clone, empty Inductor cache, substituting from the folder cache", 90),
     "cache-B-load": ("B: load_package and one 1 x 1 call of the substituted package", None),

@@ -30,6 +30,7 @@
 #          fresh clone B (empty Inductor cache) substitutes from the folder, then loads and runs the package;
 #          clone C does the same over S3 (rclone serve s3 of that folder on 127.0.0.1); clone D, a new weights
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
+#   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -200,6 +201,11 @@ print(f"loaded and ran in {time.perf_counter() - t0:.1f} s, backend {p.backends[
     (cd "$WORK/cacheA" && scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md")
 }
 
+fresh_part() {
+    cd "$WORK/fresh" && timed fresh-box scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
+    scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md"
+}
+
 compiletime_part() {
     local variant=$WORK/compiletime/artifacts/sam3-bf16-cuda
     cd "$WORK/compiletime" && configure enabled false
@@ -232,7 +238,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -252,6 +258,7 @@ run_all() {
     [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
     [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
     [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
+    [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity

@@ -211,3 +211,27 @@ def test_the_profile_table_is_in_every_stage_fingerprint():
     edited = {**settings.tables, "profiles": {**settings.tables["profiles"], "tiny": {"architecture": "full"}}}
     for stage in ("weights", "export", "compile"):
         assert settings.fingerprint(stage) != replace(settings, tables=edited).fingerprint(stage)
+
+
+def test_doit_takes_a_recorded_files_sha256_instead_of_hashing_it_again(tmp_path):
+    """The manifest's sha256 stands for a file whose size, mtime and ctime are as recorded; a byte changed in
+    place (its size and mtime kept) moves the ctime, and doit's own md5 decides again."""
+    import os
+
+    from sam3_aoti.pipeline.artifacts import record
+    from tasks.runs import RecordedChecksums
+
+    big = tmp_path / "package" / "sam3.pt2"
+    big.parent.mkdir()
+    big.write_bytes(b"x" * 1000)
+    record(tmp_path / "manifest.json", "package", [big], {})
+    checker = RecordedChecksums()
+    checker.manifest = tmp_path / "manifest.json"
+    state = checker.get_state(str(big), None)
+    assert state[2].startswith("sha256:")
+    stat = big.stat()
+    big.write_bytes(b"y" * 1000)
+    os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    later = (state[0] - 1, *state[1:])  # as if saved at another mtime: the content is compared
+    assert checker.check_modified(str(big), big.stat(), later)
+    assert not checker.get_state(str(big), None)[2].startswith("sha256:")  # not the recorded file any more
