@@ -16,6 +16,7 @@ STEPS = {  # step -> what it is, and the target of the issue it answers (seconds
     "cache-B-folder": ("B: a fresh clone, empty Inductor cache, substituting from the folder cache", 90),
     "cache-B-load": ("B: load_package and one 1 x 1 call of the substituted package", None),
     "cache-C-s3": ("C: the same over S3 (rclone serve s3 on 127.0.0.1)", 90),
+    "cache-C-load": ("C: load_package and one 1 x 1 call of the substituted package", None),
     "cache-D-new-seed": ("D: a new weights seed: compile substituted, weights, export, package, verify, render here", None),
 }
 

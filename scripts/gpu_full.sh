@@ -170,10 +170,6 @@ timed() {  # timed NAME COMMAND...: step, and its wall time to RESULTS/timings.t
 
 cache_part() {
     local fleet=/tmp/sam3-fleet keys=$WORK/cache-keys package=artifacts/sam3-bf16-cuda/package/sam3.pt2 clone
-    local load='import sys, time, torch; t0 = time.perf_counter(); from sam3_aoti import load_package
-p = load_package(sys.argv[1]); x = torch.zeros(1, 3, 1008, 1008, device="cuda")
-out = p.model(x, p.encode_prompts(["a building"]).cuda()); torch.cuda.synchronize()
-print(f"loaded and ran in {time.perf_counter() - t0:.1f} s, backend {p.backends[\"model\"]}")'
     rm -rf "$fleet" "$keys" && mkdir -p "$fleet/store" "$keys"
     for clone in cacheB cacheC cacheD; do checkout $clone; done
     cd "$WORK/cacheA" || return 1
@@ -182,7 +178,7 @@ print(f"loaded and ran in {time.perf_counter() - t0:.1f} s, backend {p.backends[
     timed cache-A-fresh-box env SAM3_AOTI_SIGNING_KEY="$keys/builder.key" scripts/gpu_run.sh $SAM3 precision=bf16 \
         toolkit=machine cache="$fleet/store" || return 1
     cd "$WORK/cacheB" && timed cache-B-folder scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine cache="$fleet/store"
-    timed cache-B-load scripts/gpu_run.sh --python -c "$load" "$package"
+    timed cache-B-load scripts/gpu_run.sh --python scripts/load_once.py "$package"
     cmp "$WORK/cacheA/$package" "$package" > "$RESULTS/cache-B-cmp.txt" 2>&1 && echo identical >> "$RESULTS/cache-B-cmp.txt"
     local port=18777 rclone
     rclone=$(PATH=/tmp/sam3-cache-site/bin:$PATH command -v rclone)
@@ -194,6 +190,7 @@ print(f"loaded and ran in {time.perf_counter() - t0:.1f} s, backend {p.backends[
             AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_DEFAULT_REGION=us-east-1 \
             scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine cache=s3://store
         cmp "$WORK/cacheA/$package" "$package" > "$RESULTS/cache-C-cmp.txt" 2>&1 && echo identical >> "$RESULTS/cache-C-cmp.txt"
+        timed cache-C-load scripts/gpu_run.sh --python scripts/load_once.py "$package"
         kill $server
     fi
     cd "$WORK/cacheD" && configure seed 1
@@ -308,6 +305,7 @@ case "${1:-}" in
         rm -rf "$RESULTS" && mkdir -p "$RESULTS"
         shift
         setsid nohup bash "$0" run "${@:-bf16 tiny}" > "$RESULTS/driver.log" 2>&1 < /dev/null &
+        touch "$RESULTS/status"  # a `wait` right after this finds the run
         echo "started; poll with: scripts/gpu_full.sh wait 570" ;;
     run)
         shift
