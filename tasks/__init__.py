@@ -243,12 +243,12 @@ def substituted_task(name: str, doc: str, targets: list) -> dict:
 
     def fetch_again():
         return None if cache.open_cache() and cache.substitute(name, key) else TaskFailed(
-            f"{name}: its substituted outputs changed and the cache cannot give them again: run again with no "
-            "cache to build it here")
+            f"{name}: its substituted outputs changed and the cache cannot give them again: run `uv run doit` "
+            "again, it builds them here")
 
     return {"doc": f"{doc} [{relative(PATHS.root)}/, substituted from the binary cache]",
             "actions": [fetch_again], "targets": [str(relative(Path(p))) for p in targets],
-            "uptodate": [lambda task, values: cache._intact(name, key)], "clean": True, "verbosity": 2}
+            "uptodate": [lambda task, values: cache.intact(name, key)], "clean": True, "verbosity": 2}
 
 
 def stage_task(name: str, doc: str, file_dep: list, targets: list, recorded: bool = True,

@@ -205,7 +205,8 @@ def substitute(stage: str, key: str) -> bool:
     return True
 
 
-def _intact(stage: str, key: str) -> bool:
+def intact(stage: str, key: str) -> bool:
+    """A stage substituted for `key` whose outputs (and the package it read) are still as they came."""
     entry = read_manifest(PATHS.manifest)["stages"].get(stage, {})
     reads = ["package"] if stage in ("verify", "render") else []
     return (entry.get("key") == key and "substituted" in entry.get("origin", {}) and entry.get("verified") is not False
@@ -221,15 +222,13 @@ def substituted() -> dict[str, str]:
     cache = open_cache() if _may_write() else None
     if not (had or cache):
         return {}
-    from sam3_aoti.runtime.binary_cache import Refused  # noqa: F401  (the cache extra, or one line below)
-
     try:
         done = {}
         for stage in SUBSTITUTED_AT_LOAD:
             if stage != "package" and "package" not in done:
                 break
             key = derivation_key(stage)
-            if _intact(stage, key) or (cache and not _built_here(stage, key) and substitute(stage, key)):
+            if intact(stage, key) or (cache and not _built_here(stage, key) and substitute(stage, key)):
                 done[stage] = key
         return done
     except Sam3AotiError as e:  # the toolchain's facts could not be gathered: nothing is substituted
@@ -293,7 +292,7 @@ def publish_refs(cache) -> None:
              "report.json": PATHS.verify_report_json}
     info = {"verified": True, "variant": SETTINGS.variant, "package_key": derivation_key("package"),
             "verify_key": derivation_key("verify"), "precision": SETTINGS.precision, "device": SETTINGS.device,
-            "versions": entry_info("package").get("torch") and {"torch": entry_info("package")["torch"]}}
+            "versions": {name: entry_info("package").get(name) for name in ("torch", "transformers")}}
     for name in ref_names():
         cache.push_ref(name, files, info)
         say(f"ref {name} -> this verified package, in {cache.url}")
