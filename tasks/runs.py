@@ -203,7 +203,14 @@ class RecordedChecksums(MD5Checker):
             return False
         if file_stat.st_size != size:
             return True
-        return checksum != self.checksum(file_path, file_stat)
+        if checksum.startswith("sha256:"):  # compared in the kind it was saved in (a copied file's ctime moved)
+            recorded = self.checksum(file_path, file_stat)
+            if not recorded.startswith("sha256:"):
+                from sam3_aoti.runtime.files import sha256
+
+                recorded = f"sha256:{sha256(file_path)}"
+            return checksum != recorded
+        return checksum != get_file_md5(file_path)
 
     def get_state(self, dep, current_state):
         stat = os.stat(dep)

@@ -235,3 +235,6 @@ def test_doit_takes_a_recorded_files_sha256_instead_of_hashing_it_again(tmp_path
     later = (state[0] - 1, *state[1:])  # as if saved at another mtime: the content is compared
     assert checker.check_modified(str(big), big.stat(), later)
     assert not checker.get_state(str(big), None)[2].startswith("sha256:")  # not the recorded file any more
+    big.write_bytes(b"x" * 1000)  # the recorded content again, at a new ctime (a copied checkout)
+    os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert not checker.check_modified(str(big), big.stat(), state)
