@@ -37,6 +37,7 @@ def space_free(path: Path) -> Path:
     import hashlib
     import os
     import tempfile
+    import threading
 
     if not any(c.isspace() for c in str(path)):
         return path
@@ -48,7 +49,7 @@ def space_free(path: Path) -> Path:
     link = base / hashlib.sha256(str(path).encode()).hexdigest()[:16]
     base.mkdir(parents=True, exist_ok=True)
     if not (link.is_symlink() and Path(os.readlink(link)) == path):
-        tmp = base / f".{link.name}.{os.getpid()}"
+        tmp = base / f".{link.name}.{os.getpid()}.{threading.get_ident()}"  # the probe's thread links beside compile's
         tmp.unlink(missing_ok=True)
         os.symlink(path, tmp)
         os.replace(tmp, link)
