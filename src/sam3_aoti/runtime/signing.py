@@ -23,11 +23,9 @@ class TrustError(Sam3AotiError):
 
 
 def _ed25519():
-    try:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError:
-        raise ConfigError("the binary cache needs the `cache` extra: pip install 'sam3-aoti[cache]'") from None
-    return ed25519
+    from .store import cache_extra
+
+    return cache_extra("cryptography.hazmat.primitives.asymmetric.ed25519")
 
 
 def _split(text: str, what: str, sizes: tuple[int, ...]) -> tuple[str, bytes]:

@@ -24,12 +24,14 @@ class StoreError(Sam3AotiError):
     """The cache could not be read or written (unreachable, denied, a file missing or cut short)."""
 
 
-def _fsspec():
+def cache_extra(module: str):
+    """A module of the `cache` extra, or the one-line error that says how to install it."""
+    import importlib
+
     try:
-        import fsspec
+        return importlib.import_module(module)
     except ImportError:
         raise ConfigError("the binary cache needs the `cache` extra: pip install 'sam3-aoti[cache]'") from None
-    return fsspec
 
 
 def _options(url: str) -> dict:
@@ -47,7 +49,7 @@ class Store:
         self.url = str(url).rstrip("/")
         try:
             # a filesystem of its own: fsspec's shared instances would keep an endpoint the environment has changed
-            self.fs, self.root = _fsspec().core.url_to_fs(self.url, skip_instance_cache=True, **_options(self.url))
+            self.fs, self.root = cache_extra("fsspec").core.url_to_fs(self.url, skip_instance_cache=True, **_options(self.url))
         except ImportError as e:  # a known protocol whose backend is not installed (s3fs, aiohttp)
             raise ConfigError(f"cache {url}: {first_line(e)}: pip install 'sam3-aoti[cache]'") from None
         except ValueError as e:  # an unknown protocol
@@ -84,33 +86,27 @@ class Store:
             raise self._fail("look up", rel, e) from None
 
     def write(self, rel: str, data: bytes) -> None:
-        self._check_writable()
-        try:
-            if self.local:
-                tmp = self._path(f"{rel}.{uuid.uuid4().hex[:12]}.tmp")
-                os.makedirs(os.path.dirname(tmp), exist_ok=True)
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self._path(rel))  # two writers of one name: the last rename wins, each whole
-            else:
-                self.fs.pipe_file(self._path(rel), data)
-        except Exception as e:
-            raise self._fail("write", rel, e) from None
+        self._put(rel, "write", lambda path: self.fs.pipe_file(path, data))
 
     def upload(self, source: Path, rel: str) -> None:
+        self._put(rel, "upload", lambda path: self.fs.put_file(str(source), path))
+
+    def _put(self, rel: str, what: str, put) -> None:
+        """`put(path)` whole or not at all: into a folder through a temporary name renamed into place (two
+        writers of one name: the last rename wins, each whole); to an object store straight, a PUT being whole."""
         self._check_writable()
         try:
             if self.local:
                 tmp = self._path(f"{rel}.{uuid.uuid4().hex[:12]}.tmp")
                 os.makedirs(os.path.dirname(tmp), exist_ok=True)
-                self.fs.put_file(str(source), tmp)
+                put(tmp)
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())  # on disk before its name is
                 os.replace(tmp, self._path(rel))
             else:
-                self.fs.put_file(str(source), self._path(rel))
+                put(self._path(rel))
         except Exception as e:
-            raise self._fail("upload", rel, e) from None
+            raise self._fail(what, rel, e) from None
 
     def download(self, rel: str, dest: Path, sha256: str, size: int, progress=None) -> None:
         """`rel` into `dest` whole and checked, or not at all: streamed into a temporary file beside `dest`,
