@@ -31,6 +31,8 @@
 #          clone C does the same over S3 (rclone serve s3 of that folder on 127.0.0.1); clone D, a new weights
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
+#   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
+#          then bench of transformers eager and the AOTI columns, with the split models' own table
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -198,6 +200,12 @@ cache_part() {
     (cd "$WORK/cacheA" && scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md")
 }
 
+split_part() {  # the bf16 package with the split models ([export] split), from nothing, then bench with its parts
+    cd "$WORK/split" && configure split '["tiny", "sam3"]' columns '["transformers", "aoti", "aoti_graphs"]' load_times false
+    timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine || return 1
+    timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
+}
+
 fresh_part() {
     cd "$WORK/fresh" && timed fresh-box scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
     scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md"
@@ -235,7 +243,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -256,6 +264,7 @@ run_all() {
     [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
     [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
+    [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
@@ -318,5 +327,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] | wait SECONDS" >&2; exit 2 ;;
 esac

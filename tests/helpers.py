@@ -68,7 +68,7 @@ def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
 
 
 def rewrite_package(package: Path, target: Path, edit, resign: bool = True, digest: bool = False) -> Path:
-    """A copy of `package` at `target` with `edit(name, data)` applied to its entries, and its fallback (with
+    """A copy of `package` at `target` with `edit(name, data)` applied to its entries (None leaves one out), and its fallback (with
     the fallback's digest) beside it. `resign` updates the metadata's part digests to the edited bytes (what a
     crafted package does, and a builder); `digest` also writes the copy's own .sha256 beside it, as its
     builder would: without it the copy has no digest anyone vouches for."""
@@ -79,7 +79,7 @@ def rewrite_package(package: Path, target: Path, edit, resign: bool = True, dige
     from sam3_aoti.runtime.archive import fallback_of
 
     with zipfile.ZipFile(package) as src:
-        entries = [(item, edit(item.filename, src.read(item))) for item in src.infolist()]
+        entries = [(item, data) for item in src.infolist() if (data := edit(item.filename, src.read(item))) is not None]
     if resign:
         for i, (item, data) in enumerate(entries):
             if item.filename.endswith("extra/metadata.json"):

@@ -1,5 +1,6 @@
 """The package: weights once, loads without deserializing programs; the fallback beside it; atomic artifacts."""
 
+import json
 import shutil
 import zipfile
 
@@ -15,6 +16,8 @@ from torch.export.pt2_archive._package import load_pt2
 
 from helpers import TINY, rewrite_package
 
+MODELS = ("model", "transforms", "encode_image", "encode_text", "decode")  # the tiny profile is split
+
 
 @pytest.fixture(scope="module")
 def package_path(built_repo):
@@ -23,7 +26,7 @@ def package_path(built_repo):
 
 def test_loads_aoti_runners_with_metadata_and_vocabulary(package_path):
     package = load_package(package_path)
-    assert package.backends == {"model": "aoti", "transforms": "aoti"} and package.fallback_reason is None
+    assert package.backends == dict.fromkeys(MODELS, "aoti") and package.fallback_reason is None
     assert package.metadata["models"]["model"]["dynamic_dims"] == {"batch": {"min": 1}, "num_prompts": {"min": 1}}
     assert package.metadata["score"] == "sigmoid(pred_logits) * sigmoid(presence_logit_dec)"
     assert package.encode_prompts(["a dog"])[0, :4].tolist() == [49406, 320, 1929, 49407]
@@ -36,10 +39,12 @@ def test_the_package_stores_the_weights_once_and_no_exported_program(package_pat
         inner = {i.filename.split("/", 1)[1]: i.file_size for i in archive.infolist()}
     assert not [n for n in inner if n.startswith(("models/", "data/weights/", "data/constants/", "data/sample_inputs/"))]
     blobs = {n: size for n, size in inner.items() if n.endswith("_weights.blob")}
-    assert sorted(n.split("/")[2] for n in blobs) == ["model"]  # transforms holds no constants: no blob
-    with zipfile.ZipFile(built_repo / TINY / "export" / "programs.pt2") as archive:  # the tensors the graphs use
-        tensors = sum(i.file_size for i in archive.infolist()
-                      if i.filename.split("/", 1)[1].startswith(("data/weights/weight_", "data/constants/tensor_")))
+    assert sorted(n.split("/")[2] for n in blobs) == ["model"]  # transforms has no constants, the parts read model's
+    with zipfile.ZipFile(built_repo / TINY / "export" / "programs.pt2") as archive:  # the tensors model's graph uses
+        configs = [json.loads(archive.read(i))["config"] for i in archive.infolist()
+                   if i.filename.endswith(("model_weights_config.json", "model_constants_config.json"))]
+        names = {meta["path_name"] for config in configs for meta in config.values()}
+        tensors = sum(i.file_size for i in archive.infolist() if i.filename.rsplit("/", 1)[-1] in names)
     assert 0.9 * tensors <= sum(blobs.values()) <= 1.05 * tensors  # once (unused tensors are dropped)
     code = sum(size for n, size in inner.items() if n.startswith("data/aotinductor/") and n not in blobs)
     extra = sum(size for n, size in inner.items() if n.startswith("extra/"))  # metadata, tokenizer vocabulary
@@ -48,7 +53,7 @@ def test_the_package_stores_the_weights_once_and_no_exported_program(package_pat
 
 def test_a_production_loader_finds_the_aoti_runners_and_nothing_to_deserialize(package_path):
     contents = load_pt2(str(package_path))
-    assert set(contents.aoti_runners) == {"model", "transforms"} and contents.exported_programs == {}
+    assert set(contents.aoti_runners) == set(MODELS) and contents.exported_programs == {}
 
 
 def for_another_device(package_path, target):
@@ -64,10 +69,10 @@ def for_another_device(package_path, target):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA package loads where CUDA is")
 def test_falls_back_to_exported_programs_when_the_aoti_part_is_for_cuda(package_path, tmp_path, tiny_model):
     package = load_package(for_another_device(package_path, tmp_path / "sam3.pt2"))
-    assert package.backends == {"model": "exported", "transforms": "exported"}
+    assert package.backends == dict.fromkeys(MODELS, "exported")
     assert package.fallback_reason
     reference = load_package(package_path)
-    assert reference.backends == {"model": "aoti", "transforms": "aoti"}
+    assert reference.backends == dict.fromkeys(MODELS, "aoti")
     images, token_ids = example_inputs(tiny_model.config, 2, 2, seed=3)
     raw = torch.rand(2, 3, 97, 150) * 255
     with torch.no_grad():
@@ -122,7 +127,6 @@ def test_atomic_output_replaces_a_folder(tmp_path):
 def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(built_repo):
     """A constant AOTInductor made from the weights (max-autotune's CPU GEMM templates pack them: seen as
     `constant357` on the tiny model) is in no exported program, so a new checkpoint could not be packaged."""
-    import json
 
     from sam3_aoti.aoti.compile import check_constants_are_weights
     from sam3_aoti.errors import CompileError
@@ -138,7 +142,6 @@ def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(buil
 def test_the_compile_index_says_where_each_compile_spent_its_time(built_repo):
     """compile_phases: Inductor's own phase timings of each program's compile; the C++ build of the wrapper
     is always one of them, and no phase outlasts the whole compile."""
-    import json
 
     index = json.loads((built_repo / TINY / "compiled" / "index.json").read_text())
     for name in ("model", "transforms"):

@@ -161,8 +161,15 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
     assert executed(proc) == {"bench"}  # the package is up to date: nothing upstream reruns
     bench = json.loads((own_build / TINY / "bench" / "bench.json").read_text())
     assert [(r["batch"], r["prompts"]) for r in bench["rows"]] == [(1, 1), (2, 3), (1, 4)]
-    for r in bench["rows"]:  # on the CPU: no CUDA-graph or Meta column, no GEMM rate, no kernel profile
-        assert list(r["backends"]) == ["transformers eager", "exported program", "AOTI"]
+    columns = ["transformers eager", "exported program", "AOTI"]
+    for i, r in enumerate(bench["rows"]):  # on the CPU: no CUDA-graph or Meta column, no GEMM rate, no kernel profile
+        assert list(r["backends"]) == columns and r["order"] == columns[i % 3:] + columns[:i % 3]  # rotated
+        parts = r["parts"]  # the tiny package is split: its parts timed alone, with their FLOPs
+        assert list(parts) == ["encode_image", "encode_text", "decode", "a new prompt against encoded images",
+                               "these prompts against encoded images"]
+        assert all(v["median_ms"] > 0 for v in parts.values())
+        assert parts["encode_image"]["flop"] + parts["encode_text"]["flop"] + parts["decode"]["flop"] == r["flop"]
+        assert min(parts[n]["flop"] for n in ("encode_image", "encode_text", "decode")) > 0
         assert all(v["median_ms"] > 0 and v["p90_ms"] >= v["median_ms"] and v["images_per_s"] > 0
                    for v in r["backends"].values())
         assert r["flop"] > 0
@@ -172,6 +179,7 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
     assert all(seconds > 0 for seconds in bench["load_seconds"].values()) and bench["fallback_load_seconds"] > 0
     md = (own_build / TINY / "bench" / "bench.md").read_text()
     assert bench["iters"] == 2 and "| 2 | 3 |" in md and "AOTI ms (p90)" in md and "## Load" in md
+    assert "## Encode once, decode many" in md and "decode TFLOP/s" in md
     assert (own_build / TINY / "bench" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import CompileError
+from ..errors import CompileError, first_line
+from ..runtime.archive import MODEL_NAMES, PART_NAMES, archive_entries
 from ..runtime.files import sha256
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
@@ -79,6 +80,46 @@ def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None)
     with sdpa_priority(sdpa_backends) if sdpa_backends else contextlib.nullcontext():
         files = torch._inductor.aot_compile(gm, args, kwargs, options={**options, **AOTI_OPTIONS})
     return Compiled(files, round(time.perf_counter() - t0, 1), _phases(compilation_time_metrics))
+
+
+def program_names(archive: Path) -> list[str]:
+    """The exported programs' names in the archive, from its listing alone."""
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        return [inner.removeprefix("models/").removesuffix(".json") for inner in archive_entries(zf)
+                if inner.startswith("models/") and inner.endswith(".json")]
+
+
+def compiled_names(programs) -> list[str]:
+    """The exported programs to compile, `model` first: the package's models and, if exported, its parts."""
+    names = [n for n in ("model", *PART_NAMES, "transforms") if n in programs]
+    unknown = sorted(set(programs) - set(names))
+    if unknown or not set(MODEL_NAMES) <= set(names):
+        raise CompileError(f"the exported programs are {sorted(programs)}, not a SAM3 export's: run `uv run doit "
+                           "export` again")
+    return names
+
+
+def load_program(archive: Path, name: str):
+    """One exported program of a PT2 archive, the others left unread: deserializing a graph is most of a
+    program's load (20 s for the tiny model's five on a CPU), and a compile worker needs only its own."""
+    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
+
+    with PT2ArchiveReader(str(archive)) as reader:
+        return _load_exported_programs(reader, [f"models/{name}.json"], None)[name]
+
+
+def compile_program(exported: str, name: str, options: dict, sdpa_backends: list[str] | None, dest: str):
+    """A worker of the `compile` stage (its own process): AOT-compile one program of the exported archive
+    and keep its files in `dest`. Returns (its entry of the compile index, seconds, phases)."""
+    program = load_program(Path(exported), name)
+    try:
+        compiled = aoti_compile(program, options, sdpa_backends)
+    except Exception as e:
+        raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
+                           "(run `uv run doit toolchain` to check the compiler setup)") from e
+    return keep_compiled(name, compiled.files, Path(exported), Path(dest)), compiled.seconds, compiled.phases
 
 
 def _phases(metrics: dict, least_seconds: float = 1.0) -> dict[str, float]:

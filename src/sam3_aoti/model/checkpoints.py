@@ -137,14 +137,30 @@ def build_model(settings: Settings):
                        "or Meta's sam3.pt")
 
 
+def checkpoint_folder(settings: Settings) -> Path:
+    """The profile's checkpoint folder, which the `weights` stage writes."""
+    folder = ProfilePaths.of(settings).checkpoint
+    if not (folder / "model.safetensors").exists():
+        raise WeightsError(f"no checkpoint at {folder}: run `uv run doit weights profile={settings.profile}` first")
+    return folder
+
+
 def load_model(settings: Settings):
     """The model later stages use, read back from the profile's checkpoint folder."""
     from transformers import Sam3Model
 
-    folder = ProfilePaths.of(settings).checkpoint
-    if not (folder / "model.safetensors").exists():
-        raise WeightsError(f"no checkpoint at {folder}: run `uv run doit weights profile={settings.profile}` first")
-    return Sam3Model.from_pretrained(folder).eval()
+    return Sam3Model.from_pretrained(checkpoint_folder(settings)).eval()
+
+
+def reference_transforms(settings: Settings):
+    """The eager image transforms, from the checkpoint's config alone: no weights read (render needs no model
+    when verify's cache holds every eager output)."""
+    from transformers import Sam3Config
+
+    from .wrapper import ImageTransforms
+
+    config = Sam3Config.from_pretrained(checkpoint_folder(settings))
+    return ImageTransforms(config.vision_config.backbone_config.image_size)
 
 
 def eager_reference(settings: Settings):

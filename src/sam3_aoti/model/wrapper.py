@@ -240,19 +240,30 @@ class Sam3Grounding(nn.Module):
                    **options)
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
-        batch, prompts = images.shape[0], token_ids.shape[0]
-        attention_mask = (token_ids != 0).long()
+        return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
 
+    def encode_image(self, images: torch.Tensor):
+        """Per image, what the heads read of it: the three FPN levels they use, the position encoding of the
+        DETR's level, and the no-box geometry prompt (it attends to the image only)."""
         vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
-        text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
+        levels = vision.fpn_hidden_states[:-1]  # Sam3Model drops the coarsest level
+        return (*levels, vision.fpn_position_encoding[-2], self.empty_geometry_prompt(vision))
 
-        # pair i = (image i // P, prompt i % P)
-        per_pair_vision = Sam3VisionEncoderOutput(
-            fpn_hidden_states=tuple(f.repeat_interleave(prompts, dim=0) for f in vision.fpn_hidden_states),
-            fpn_position_encoding=tuple(p.repeat_interleave(prompts, dim=0) for p in vision.fpn_position_encoding),
-        )
-        geometry = self.empty_geometry_prompt(vision).repeat_interleave(prompts, dim=0)
-        prompt = torch.cat([text.pooler_output.repeat(batch, 1, 1), geometry], dim=1)
+    def encode_text(self, token_ids: torch.Tensor):
+        """Per prompt: the text encoder's token features and their mask (`token_ids != 0`)."""
+        attention_mask = (token_ids != 0).long()
+        text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
+        return text.pooler_output, attention_mask
+
+    def decode(self, level0, level1, level2, position, geometry, text_features, attention_mask):
+        """The heads over every (image, prompt) pair of encoded images and encoded prompts."""
+        batch, prompts = level0.shape[0], text_features.shape[0]
+        # pair i = (image i // P, prompt i % P); the coarsest level is a placeholder Sam3Model drops
+        levels = tuple(f.repeat_interleave(prompts, dim=0) for f in (level0, level1, level2))
+        position = position.repeat_interleave(prompts, dim=0)
+        per_pair_vision = Sam3VisionEncoderOutput(fpn_hidden_states=(*levels, levels[-1]),
+                                                  fpn_position_encoding=(position, position, position, position))
+        prompt = torch.cat([text_features.repeat(batch, 1, 1), geometry.repeat_interleave(prompts, dim=0)], dim=1)
         prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)], dim=1)
         out = self.model(
             vision_embeds=per_pair_vision,
@@ -279,6 +290,32 @@ class Sam3Grounding(nn.Module):
         for layer in encoder.layers:
             prompt = layer(prompt_feats=prompt, vision_feats=feats, vision_pos_encoding=pos, prompt_mask=None)
         return encoder.output_layer_norm(prompt)
+
+
+# `model` = decode(*encode_image(images), *encode_text(token_ids)); each part and the Sam3Model children it reads
+PARTS = {
+    "encode_image": ("vision_encoder", "geometry_encoder"),
+    "encode_text": ("text_encoder", "text_projection"),
+    "decode": ("detr_encoder", "detr_decoder", "mask_decoder", "dot_product_scoring"),
+}
+
+
+class Part(nn.Module):
+    """One part of `Sam3Grounding` as a module of its own, for export: a shallow copy of the grounding whose
+    model holds only the children the part reads (any other would fail the export by name). Its weights
+    are the grounding's own tensors under the same names, so a package stores them once."""
+
+    def __init__(self, grounding: Sam3Grounding, name: str):
+        super().__init__()
+        model = copy.copy(grounding.model)
+        model._modules = {child: grounding.model.get_submodule(child) for child in PARTS[name]}
+        view = copy.copy(grounding)
+        view._modules = {"model": model}
+        self.model = model
+        self.part = getattr(view, name)  # bound to the view, which is no submodule of this one
+
+    def forward(self, *args):
+        return self.part(*args)
 
 
 class ImageTransforms(nn.Module):

@@ -9,7 +9,10 @@ from ..errors import PackageError
 
 METADATA_FILE = "metadata.json"
 VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
-MODEL_NAMES = ("model", "transforms")
+MODEL_NAMES = ("model", "transforms")  # in every package
+# With `[export] split`, beside them: model = decode(*encode_image(images), *encode_text(token_ids)). They read
+# `model`'s weights (the package stores them once) and are loaded all three or none.
+PART_NAMES = ("encode_image", "encode_text", "decode")
 
 
 def read_extra_files(path: Path) -> dict:

@@ -2,7 +2,8 @@
 `sam3-aoti info PACKAGE [--json]` says what a package holds; `sam3-aoti pull URL REF DEST` fetches a verified
 package by a signed ref from a binary cache; `sam3-aoti cache keygen NAME --out KEYFILE` makes a signing key.
 
-predict: tokenize (the archive's own vocabulary), `transforms`, `model`, scores = sigmoid(logit) *
+predict: tokenize (the archive's own vocabulary), `transforms`, `model` (a split package with more than 16 prompts:
+the image encoded once, the prompts decoded 16 at a time), scores = sigmoid(logit) *
 sigmoid(presence), threshold, masks resized to the image; writes an overlay PNG and a JSON of the instances.
 """
 
@@ -48,6 +49,9 @@ def package_device(metadata: dict) -> str:
     return device
 
 
+PROMPT_CHUNK = 16  # prompts decoded at once by a split package: bounds the per-pair memory of long class lists
+
+
 def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
             trust: bool = False, sha256: str | None = None) -> dict:
     created = check_output(output)
@@ -74,7 +78,12 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
     t0 = time.perf_counter()
     with torch.inference_mode():
         pixels = package.transforms(to_tensor(image, device))
-        outputs = package.model(pixels, package.encode_prompts(prompts).to(device))
+        token_ids = package.encode_prompts(prompts).to(device)
+        if package.parts and len(prompts) > PROMPT_CHUNK:  # the image encoded once, the prompts a chunk at a time
+            texts = [package.encode_text(token_ids[i:i + PROMPT_CHUNK]) for i in range(0, len(prompts), PROMPT_CHUNK)]
+            outputs = package.decode_chunked(package.encode_image(pixels), texts)
+        else:
+            outputs = package.model(pixels, token_ids)
     seconds = time.perf_counter() - t0
     found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
     title = f"{image_path.name}: {', '.join(prompts)} (score >= {threshold})"

@@ -101,13 +101,14 @@ def format_info(info: dict) -> str:
     lines.append(f"weights: {info['weights']}")
     for name, model in info["models"].items():
         sizes = f"code {human_size(model.get('code_bytes', 0))}, weights {human_size(model.get('weights_bytes', 0))}"
-        lines.append(f"{name}: backends {', '.join(model['backends']) or 'none'}; {sizes}; "
-                     f"weights sha256 {info['weights_sha256'].get(name, 'none')[:16]}")
+        weights = (f"reads {model['weights_from']}'s weights" if model.get("weights_from") else
+                   f"weights sha256 {info['weights_sha256'].get(name, 'none')[:16]}")
+        lines.append(f"{name}: backends {', '.join(model['backends']) or 'none'}; {sizes}; {weights}")
         dims = ", ".join(f"{d} >= {r['min']}" for d, r in model.get("dynamic_dims", {}).items())
         if dims:
             lines.append(f"  dynamic: {dims}")
         for kind in ("inputs", "outputs"):
-            order = model.get("output_order", []) if kind == "outputs" else []
+            order = model.get(f"{kind[:-1]}_order", [])
             names = order + [n for n in model.get(kind, {}) if n not in order]
             for n in names:
                 t = model[kind][n]

@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import archive_entries
+from .archive import MODEL_NAMES, PART_NAMES, archive_entries
 from .scratch import cache_dir
 from .files import sha256, stream_sha256, write_text_atomic
 
@@ -68,12 +68,13 @@ def write_digest(package: Path) -> None:
 # What a package (or its exported-program fallback) may hold, by name inside its root folder: nothing else
 # reaches torch's loader, which unpacks entries by name and loads the shared objects among them.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_MODELS = "(" + "|".join(MODEL_NAMES + PART_NAMES) + ")"
 PACKAGE_ENTRIES = (r"archive_format", r"archive_version", r"byteorder", r"\.data/version", r"\.data/serialization_id",
-                   r"data/aotinductor/(model|transforms)/[A-Za-z0-9_][A-Za-z0-9_.\-]*",
+                   rf"data/aotinductor/{_MODELS}/[A-Za-z0-9_][A-Za-z0-9_.\-]*",
                    r"extra/metadata\.json", r"extra/tokenizer/bpe_simple_vocab_16e6\.txt",
                    # the exported programs (the fallback archive)
-                   r"models/(model|transforms)\.json", r"data/(weights|constants)/[A-Za-z0-9_.\-]+",
-                   r"data/sample_inputs/(model|transforms)\.pt")
+                   rf"models/{_MODELS}\.json", r"data/(weights|constants)/[A-Za-z0-9_.\-]+",
+                   rf"data/sample_inputs/{_MODELS}\.pt")
 KNOWN_ENTRY = re.compile("^(" + "|".join(PACKAGE_ENTRIES) + ")$")
 
 

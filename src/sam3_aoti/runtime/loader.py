@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
-from .archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, archive_entries, fallback_of, read_extra_files
+from .archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, VOCAB_FILE, archive_entries, fallback_of, read_extra_files
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import check_package
 
@@ -43,7 +43,7 @@ class Sam3Package:
     def exported_only(self) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it)."""
         exported = self.exported or load_exported(self.path)
-        runners = checked({name: exported[name].module() for name in MODEL_NAMES}, self.metadata)
+        runners = checked({name: exported[name].module() for name in models_of(self.metadata)}, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
                            self.path, self.fallback_reason, exported, "off: exported programs")
 
@@ -57,6 +57,41 @@ class Sam3Package:
     @property
     def transforms(self) -> Callable:
         return self.runners["transforms"]
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The split models this package holds: encode_image, encode_text, decode, or none."""
+        return tuple(name for name in PART_NAMES if name in self.runners)
+
+    def _part(self, name: str) -> Callable:
+        if name not in self.runners:
+            raise InputError(f"{self.path.name} has no {name}: build it with `[export] split = true` in pipeline.toml "
+                             "(or call model(images, token_ids))")
+        return self.runners[name]
+
+    def encode_image(self, images):
+        """`images` (the output of transforms) -> their features, a tuple `decode` takes: encode an image once,
+        then decode any number of prompts against it."""
+        return self._part("encode_image")(images)
+
+    def encode_text(self, token_ids):
+        """`token_ids` (encode_prompts) -> the prompts' features, a tuple `decode` takes (keep a class list's)."""
+        return self._part("encode_text")(token_ids)
+
+    def decode(self, features, text):
+        """The outputs of `model(images, token_ids)` from `encode_image(images)` and `encode_text(token_ids)`,
+        in its pairing: pair i = (image i // num_prompts, prompt i % num_prompts)."""
+        return self._part("decode")(features, text)
+
+    def decode_chunked(self, features, texts: list):
+        """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
+        `encode_text` of each chunk, in order): decoded a chunk at a time and put back in model's pairing."""
+        import torch
+
+        batch = features[0].shape[0]
+        chunks = [self.decode(features, text) for text in texts]
+        return tuple(torch.cat([o.unflatten(0, (batch, -1)) for o in outputs], dim=1).flatten(0, 1)
+                     for outputs in zip(*chunks))
 
     def encode_prompts(self, prompts: list[str]):
         from .tokenizer import encode_prompts
@@ -93,6 +128,17 @@ class AotiRunner:
         from torch.utils import _pytree
 
         return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
+
+    def read_weights_of(self, other: "AotiRunner") -> None:
+        """Point this model's constants at `other`'s tensors of the same names, uncopied (user-managed): a part
+        of the split model reads `model`'s weights, so they sit in memory once."""
+        theirs = other.runner.extract_constants_map(False)  # by original name (fqn)
+        mine = self.runner.get_constant_names_to_original_fqns()  # this model's own name -> fqn
+        missing = sorted(fqn for fqn in mine.values() if fqn not in theirs)
+        if missing:
+            raise PackageError(f"a part of the package reads {len(missing)} tensors model lacks ({missing[0]}...): "
+                               "rebuild it with `uv run doit package`")
+        self.runner.update_constant_buffer({k: theirs[fqn] for k, fqn in mine.items()}, False, True, True)
 
 
 def _model_runner(path: Path, name: str, folder: Path, device: str, single_threaded: bool):
@@ -173,6 +219,44 @@ class CheckedModel:
         return self.runner(images, token_ids)
 
 
+class CheckedPart:
+    """A split model with one-line errors for inputs it cannot take, checked against the metadata's inputs:
+    their count, dtypes, device and sizes, and one batch and one prompt count across them."""
+
+    def __init__(self, runner: Callable, metadata: dict, name: str):
+        self.runner, self.name, self.device = runner, name, metadata.get("device", "cpu")
+        described = metadata["models"][name]
+        self.inputs = [described["inputs"][n] for n in described["input_order"]]
+        tokenizer = metadata.get("tokenizer", {})
+        self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
+
+    def __call__(self, *groups):
+        import torch
+
+        if self.name == "encode_image":
+            check_images(groups[0], self.device, self.inputs[0]["shape"][2])
+        if self.name == "encode_text":
+            check_token_ids(groups[0], self.device, self.context, self.vocab)
+        args = [t for group in groups for t in (group if isinstance(group, (tuple, list)) else (group,))]
+        hint = {"decode": "pass decode(encode_image(images), encode_text(token_ids)) of this package"}.get(
+            self.name, "")
+        if len(args) != len(self.inputs):
+            raise InputError(f"{self.name} takes {len(self.inputs)} tensors, got {len(args)}: {hint}")
+        sizes: dict[str, int] = {}
+        for i, (a, want) in enumerate(zip(args, self.inputs)):
+            dims = want["shape"]
+            ok = (isinstance(a, torch.Tensor) and str(a.dtype).removeprefix("torch.") == want["dtype"]
+                  and a.device.type == self.device and a.dim() == len(dims) and a.shape[0] >= 1
+                  and all(d == n for d, n in zip(dims, a.shape) if isinstance(d, int)))
+            if ok and sizes.setdefault(dims[0], a.shape[0]) != a.shape[0]:
+                raise InputError(f"{self.name}: input {i} has {dims[0]} {a.shape[0]}, an earlier one "
+                                 f"{sizes[dims[0]]}: {hint or 'pass inputs of one call'}")
+            if not ok:
+                raise InputError(f"{self.name} input {i} must be {want['dtype']} {dims} on {self.device}, got "
+                                 f"{_describe(a)}: {hint or 'see the package metadata'}")
+        return self.runner(*args)
+
+
 class CheckedTransforms:
     """`transforms(images)` with one-line errors for inputs it cannot take."""
 
@@ -219,8 +303,25 @@ def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
     problem = device_problem(built)
     if problem:
         raise PackageError(problem)
-    return {name: AotiRunner(path, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu", name in graphed)
-            for name in MODEL_NAMES}
+    runners = {name: AotiRunner(path, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu", name in graphed)
+               for name in models_in(path, built)}
+    for name in PART_NAMES:
+        if name in runners:
+            runners[name].read_weights_of(runners["model"])
+    return runners
+
+
+def models_in(path: Path, names) -> tuple[str, ...]:
+    """The package's models: `model` and `transforms`, and the three parts of the split or none of them."""
+    parts = [n for n in PART_NAMES if n in names]
+    if parts and len(parts) != len(PART_NAMES) or not set(MODEL_NAMES) <= set(names):
+        raise PackageError(f"{path} holds the models {sorted(names)}; a package holds {', '.join(MODEL_NAMES)} "
+                           f"and all or none of {', '.join(PART_NAMES)}: rebuild it with `uv run doit package`")
+    return MODEL_NAMES + tuple(parts)
+
+
+def models_of(metadata: dict) -> tuple[str, ...]:
+    return MODEL_NAMES + tuple(n for n in PART_NAMES if n in metadata.get("models", {}))
 
 
 def load_exported(path: Path, trust: bool = False) -> dict:
@@ -237,7 +338,7 @@ def load_exported(path: Path, trust: bool = False) -> dict:
     except Exception as e:  # exported on a GPU, its weights want one too
         raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
                            f"use {path.name} where it was built ({_built_for(path)})") from None
-    missing = [n for n in MODEL_NAMES if n not in programs]
+    missing = [n for n in MODEL_NAMES if n not in programs]  # a split package's parts: its metadata says
     if missing:
         raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
     return programs
@@ -271,17 +372,24 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
     if prefer_aoti:
         try:
-            aoti = load_aoti_runners(path, graphed=("model",) if graphs else ())
+            aoti = load_aoti_runners(path, graphed=("model", *PART_NAMES) if graphs else ())
         except Exception as e:  # a package built for another device/ABI: use the exported programs
             fallback_reason = first_line(e)
             log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
         exported = load_exported(path, trust)
-    runners = {name: aoti[name] if name in aoti else exported[name].module() for name in MODEL_NAMES}
-    backends = {name: "aoti" if name in aoti else "exported" for name in MODEL_NAMES}
+    names = models_of(metadata)
+    missing = [n for n in names if n not in aoti and n not in exported]
+    if missing:
+        raise PackageError(f"{path} lacks the models {', '.join(missing)} its metadata names: rebuild it with "
+                           "`uv run doit package`")
+    runners = {name: aoti[name] if name in aoti else exported[name].module() for name in names}
+    backends = {name: "aoti" if name in aoti else "exported" for name in names}
     state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
     if state == "on":
-        runners["model"] = CudaGraphRunner(runners["model"], max_graphs or DEFAULT_MAX_GRAPHS)
+        for name in ("model", *PART_NAMES):
+            if name in runners:
+                runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
                        fallback_reason, exported, state)
 
@@ -296,4 +404,5 @@ def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: boo
 
 
 def checked(runners: dict, metadata: dict) -> dict:
-    return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata)}
+    return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata),
+            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners}}

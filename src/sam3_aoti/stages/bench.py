@@ -5,8 +5,11 @@ how long each kind of consumer takes to load the package.
 At each (B, P) of `[bench] shapes`, on the same pixels and prompts: median and p90 of timed calls after
 warm-up (CUDA events on the GPU, wall clock on the CPU), images/s, peak working memory, FLOPs of one call
 (`FlopCounterMode` on the eager model) and the achieved share of the card's bf16 GEMM rate, measured in the
-same run. On the GPU also a kernel-category breakdown of one (2, 3) call with the launches per call.
-Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
+same run. On the GPU also a kernel-category breakdown of one (2, 3) call with the launches per call. A split
+package's parts (`[export] split`) are timed alone at each shape, with their FLOPs: the image encoder, the
+text encoder, the heads, and new prompts against encoded images. Every column warms up at every shape
+before any is timed, and the rows rotate the order the columns run in. Writes bench.json, bench.md and
+bench.png. A benchmark, not a gate: it never fails on speed.
 """
 
 from __future__ import annotations
@@ -86,10 +89,54 @@ def measure(fn, args, device: str, warmup: int, iters: int) -> dict:
             "peak_mib": round(peak, 1) if peak is not None else None}
 
 
-def flops_of(module, args) -> int:
-    """FLOPs of one call, counted by torch's FlopCounterMode (matmuls, convolutions, attention). Its module
-    tracker hooks autograd, which no_grad tensors of parameters that require grad trip over: they are
-    frozen for the count."""
+def warm_up(shapes: list, calls_at, warmup: int) -> None:
+    """Every column's warm-up at every shape before any is timed: the first shape a column runs pays for its
+    one-time work (kernel loads, allocator growth, autotuning), which no row should carry."""
+    import torch
+
+    with torch.no_grad():
+        for shape in shapes:
+            for fn, args in calls_at(shape).values():
+                for _ in range(max(warmup, 1)):
+                    fn(*args)
+
+
+def rotated(names: list, index: int) -> list:
+    """The columns in the order row `index` times them: each row starts one column later, so no column is
+    always first (or always after the slowest)."""
+    k = index % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def part_times(package, eager, images, token_ids, flops: int, device: str, opts: dict) -> dict:
+    """A split package's parts timed alone at this shape, with their FLOPs (counted on eager's own parts; the
+    heads' are the whole call's less the encoders'), and encode once / decode many: one more prompt, and
+    this row's prompts, encoded and decoded against images encoded before."""
+    features, text = package.encode_image(images), package.encode_text(token_ids)
+    with_new_prompts = lambda f, t: package.decode(f, package.encode_text(t))  # noqa: E731
+    image_flops = flops_of(eager, (images,), eager.encode_image)
+    text_flops = flops_of(eager, (token_ids,), eager.encode_text)
+    calls = {  # name: (call, args, FLOPs)
+        "encode_image": (package.encode_image, (images,), image_flops),
+        "encode_text": (package.encode_text, (token_ids,), text_flops),
+        "decode": (package.decode, (features, text), flops - image_flops - text_flops),
+        "a new prompt against encoded images": (with_new_prompts, (features, token_ids[:1]), None),
+        "these prompts against encoded images": (with_new_prompts, (features, token_ids), None),
+    }
+    parts = {}
+    for name, (fn, args, flop) in calls.items():
+        result = measure(fn, args, device, opts["warmup"], opts["iters"])
+        if flop:
+            result.update(flop=flop, tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
+        parts[name] = result
+        log.info("  %-38s median %8.2f ms", name, result["median_ms"])
+    return parts
+
+
+def flops_of(module, args, call=None) -> int:
+    """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
+    (matmuls, convolutions, attention). Its module tracker hooks autograd, which no_grad tensors of parameters
+    that require grad trip over: they are frozen for the count."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -99,7 +146,7 @@ def flops_of(module, args) -> int:
         for p in trainable:
             p.requires_grad_(False)
         with torch.no_grad(), counter:
-            module(*args)
+            (call or module)(*args)
     finally:
         for p in trainable:
             p.requires_grad_(True)
@@ -275,21 +322,33 @@ def run(settings: Settings) -> None:
     gemm = gemm_tflops() if cuda else None
     if gemm:
         log.info("bf16 GEMM 8192^3 on this card: %.0f TFLOP/s", gemm)
+    shapes = [tuple(s) for s in opts["shapes"]]
+    inputs = {(b, p): bench_inputs(eager.model.config, package, b, p, settings.device) for b, p in shapes}
+
+    def calls_at(shape) -> dict:
+        images, token_ids, phrases = inputs[shape]
+        calls = {name: (fn, (images, token_ids)) for name, fn in backends.items()}
+        return {COLUMNS["meta"]: (meta, (images, phrases)), **calls} if meta is not None else calls
+
+    warm_up(shapes, calls_at, opts["warmup"])
     rows, breakdown = [], None
-    for b, p in opts["shapes"]:
-        images, token_ids, phrases = bench_inputs(eager.model.config, package, b, p, settings.device)
+    for index, (b, p) in enumerate(shapes):
+        images, token_ids, _ = inputs[(b, p)]
         flops = flops_of(eager, (images, token_ids))
         row = {"batch": b, "prompts": p, "flop": flops, "backends": {}}
-        calls = {name: (fn, (images, token_ids)) for name, fn in backends.items()}
-        if meta is not None:
-            calls = {COLUMNS["meta"]: (meta, (images, phrases)), **calls}
-        for name, (fn, args) in calls.items():
+        calls = calls_at((b, p))
+        for name in rotated(list(calls), index):
+            fn, args = calls[name]
             result = measure(fn, args, settings.device, opts["warmup"], opts["iters"])
             result["images_per_s"] = round(b / (result["median_ms"] / 1e3), 1)
             if gemm:
                 result["share_of_gemm_rate"] = round(flops / (result["median_ms"] * 1e-3) / 1e12 / gemm, 3)
             row["backends"][name] = result
             log.info("B=%d P=%d %-32s median %8.2f ms  p90 %8.2f ms", b, p, name, result["median_ms"], result["p90_ms"])
+        row["backends"] = {name: row["backends"][name] for name in calls}  # the table's column order
+        row["order"] = rotated(list(calls), index)
+        if (graphed or package).parts:
+            row["parts"] = part_times(graphed or package, eager, images, token_ids, flops, settings.device, opts)
         rows.append(row)
         if cuda and (b, p) == PROFILE_SHAPE:
             breakdown = kernel_breakdown(package.model, (images, token_ids))
@@ -325,6 +384,16 @@ def bench_report(settings: Settings, info: dict) -> Report:
     loads = Table("Load (fresh process each, page cache warm)", ["consumer", "seconds"],
                   [[k, v] for k, v in info["load_seconds"].items()] + [["exported-program fallback", info["fallback_load_seconds"]]])
     tables = [latency, loads] if info["load_seconds"] else [latency]
+    split = [r for r in rows if r.get("parts")]
+    if split:
+        parts = list(split[0]["parts"])
+        rated = [n for n in parts if "tflop_per_s" in split[0]["parts"][n]]
+        tables.append(Table("Encode once, decode many: the split models, each timed alone (same runner as the "
+                            "fastest AOTI column)", ["B", "P", *(f"{n} ms (p90)" for n in parts),
+                                                     *(f"{n} TFLOP/s" for n in rated)],
+                            [[r["batch"], r["prompts"], *(f"{r['parts'][n]['median_ms']} ({r['parts'][n]['p90_ms']})"
+                                                          for n in parts),
+                              *(r["parts"][n]["tflop_per_s"] for n in rated)] for r in split]))
     kernels = info.get("aoti_kernels_at_2x3")
     if kernels:
         tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",
@@ -335,7 +404,9 @@ def bench_report(settings: Settings, info: dict) -> Report:
                                ["launches per call", kernels["launches_per_call"]]]))
     gemm = f"; this card's bf16 GEMM rate in this run: {info['bf16_gemm_tflops']} TFLOP/s" if info["bf16_gemm_tflops"] else ""
     notes = [f"{info['date']}, weights {info['weights']}: median (p90) of {info['iters']} calls after {info['warmup']} "
-             f"warm-up, same pixels and prompts for every column{gemm}. 'best' is the fastest column of the row.",
+             f"warm-up, same pixels and prompts for every column{gemm}. 'best' is the fastest column of the row. "
+             "Every column warms up at every shape before any is timed, and each row times the columns in a "
+             "rotated order (`order` in bench.json).",
              f"Package {info['package_bytes'] / 1e9:.2f} GB, fallback beside it {info['fallback_bytes'] / 1e9:.2f} GB."]
     if settings.spec.reference != settings.precision:
         notes.append(f"An {settings.precision} build: 'transformers eager' is the {settings.spec.reference} model "

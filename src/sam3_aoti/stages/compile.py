@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
-from ..aoti.compile import aoti_compile, check_inductor_options, keep_compiled, platform_info
-from ..errors import CompileError, first_line
+from ..aoti.compile import check_inductor_options, compile_program, compiled_names, platform_info, program_names
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths, ToolchainPaths, portable
 from ..pipeline.settings import Settings
@@ -25,9 +26,14 @@ from ..toolchain.cuda_env import FIX_VARIABLE, read_build_facts
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
+def compile_workers(models: int) -> int:
+    """Compiles at once: each is mostly one busy core (Inductor's Python) with bursts of g++ and Triton
+    workers, so a quarter of the cores, at least one."""
+    return max(1, min(models, (os.cpu_count() or 1) // 4))
+
+
 def run(settings: Settings) -> None:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-    from torch.export.pt2_archive._package import load_pt2
 
     paths = ProfilePaths.of(settings)
     weights = paths.exported.stat().st_size  # about the weights' size: the exported programs are mostly that
@@ -49,26 +55,28 @@ def run(settings: Settings) -> None:
         before = count_decisions(cache)
         log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
-    programs = load_pt2(str(paths.exported)).exported_programs
+    names = compiled_names(program_names(paths.exported))
     index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
              "platform": platform, "models": {}, "compile_seconds": {}, "compile_phases": {},
              "toolchain": {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(ToolchainPaths.of(settings).env_file)}}
-    with atomic_output(paths.compiled) as tmp:
-        for name in ("model", "transforms"):
-            log.info("AOTInductor compiling %s on %s (this is the slow part)", name, settings.device)
-            try:
-                compiled = aoti_compile(programs[name], inductor, sdpa_backends)
-            except Exception as e:
-                raise CompileError(f"AOTInductor failed on {name}: {first_line(e)} "
-                                   "(run `uv run doit toolchain` to check the compiler setup)") from e
-            index["compile_seconds"][name], index["compile_phases"][name] = compiled.seconds, compiled.phases
-            log.info("compiled %s in %.1f s (%s)", name, compiled.seconds,
-                     ", ".join(f"{k} {v} s" for k, v in list(compiled.phases.items())[:6]))
-            index["models"][name] = keep_compiled(name, compiled.files, paths.exported, tmp / name)
-            code = sum((tmp / name / f).stat().st_size for f in index["models"][name]["files"])
-            log.info("%s: code %s, weights blob %s (rebuilt from the exported archive: identical)", name,
-                     human_size(code), human_size(index["models"][name]["blob_bytes"]))
+    workers = compile_workers(len(names))
+    with atomic_output(paths.compiled) as tmp, ProcessPoolExecutor(workers, get_context("spawn")) as pool:
+        log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),
+                 settings.device, workers)
+        jobs = {pool.submit(compile_program, str(paths.exported), name, inductor, sdpa_backends, str(tmp / name)): name
+                for name in names}
+        for job in as_completed(jobs):
+            name = jobs[job]
+            entry, index["compile_seconds"][name], index["compile_phases"][name] = job.result()
+            index["models"][name] = entry
+            phases = index["compile_phases"][name]
+            code = sum((tmp / name / f).stat().st_size for f in entry["files"])
+            log.info("compiled %s in %.1f s (%s); code %s, weights blob %s (rebuilt from the exported archive: "
+                     "identical)", name, index["compile_seconds"][name],
+                     ", ".join(f"{k} {v} s" for k, v in list(phases.items())[:4]), human_size(code),
+                     human_size(entry["blob_bytes"]))
+        index["models"] = {name: index["models"][name] for name in names}
         if settings.tuned:
             after = count_decisions(cache)
             tuning = {"tuning_index": str(paths.tuning_index.relative_to(paths.root)),

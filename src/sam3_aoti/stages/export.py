@@ -1,4 +1,5 @@
-"""Stage `export`: torch.export the grounding model and the image transforms, with dynamic batch/prompts.
+"""Stage `export`: torch.export the grounding model and the image transforms, with dynamic batch/prompts
+(and for the profiles `[export] split` names, the model's parts: encode_image, encode_text, decode).
 
 The exported programs are re-run at a (B, P) other than the trace example before the stage succeeds:
 one specialization only shows up at run time.
@@ -41,13 +42,45 @@ def export_transforms(module, example_image):
         return torch.export.export(module, (example_image,), dynamic_shapes=dynamic)
 
 
-def check_against_eager(name: str, program, eager, args, atol: float) -> float:
-    """Run the exported program at new shapes; it must run and agree with eager."""
+def export_parts(wrapper, example) -> dict:
+    """`[export] split`: the image encoder, the text encoder and the heads (`decode`) as programs of their own,
+    traced at the model's example, with the same dynamic batch and prompt counts."""
+    import torch
+    from torch.export import Dim
+
+    from ..model.wrapper import Part
+
+    images, token_ids = example
+    with torch.no_grad():  # contiguous, as the runners pass every input: AOTInductor compiles for the example's strides
+        features, text = ([t.contiguous() for t in part(x)] for part, x in
+                          ((wrapper.encode_image, images), (wrapper.encode_text, token_ids)))
+    batch, prompts = Dim("batch", min=1), Dim("num_prompts", min=1)
+    specs = {"encode_image": ((images,), ({0: batch},)),
+             "encode_text": ((token_ids,), ({0: prompts},)),
+             "decode": ((*features, *text), (*[{0: batch}] * len(features), *[{0: prompts}] * len(text)))}
+    programs = {}
+    for name, (args, dims) in specs.items():
+        try:
+            with torch.no_grad():
+                programs[name] = torch.export.export(Part(wrapper, name), args, dynamic_shapes={"args": dims})
+        except Exception as e:
+            raise ExportError(f"torch.export of {name} failed: {first_line(e)}") from e
+    return programs
+
+
+def composed(programs: dict):
+    """`decode(*encode_image(images), *encode_text(token_ids))` through the exported parts."""
+    image, text, decode = (programs[name].module() for name in ("encode_image", "encode_text", "decode"))
+    return lambda images, token_ids: decode(*image(images), *text(token_ids))
+
+
+def check_against_eager(name: str, run, eager, args, atol: float) -> float:
+    """Run an exported program (`run`: its module) at new shapes; it must run and agree with eager."""
     import torch
 
     with torch.no_grad():
         try:
-            got = program.module()(*args)
+            got = run(*args)
         except Exception as e:
             shapes = [tuple(a.shape) for a in args]
             raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from e
@@ -91,9 +124,19 @@ def run(settings: Settings) -> None:
         raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
     export_s = time.perf_counter() - t0
     log.info("model exported in %.1f s", export_s)
+    programs = {"model": model_ep}
+    split = settings.profile in opts.get("split", [])
+    if split:
+        t0 = time.perf_counter()
+        programs.update(export_parts(wrapper, example))
+        log.info("encode_image, encode_text and decode exported in %.1f s", time.perf_counter() - t0)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
-        diff = check_against_eager("model", model_ep, wrapper, example_inputs(config, b, p, seed=1, device=device), atol)
+        args = example_inputs(config, b, p, seed=1, device=device)
+        diff = check_against_eager("model", model_ep.module(), wrapper, args, atol)
         log.info("re-run at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
+        if split:
+            diff = check_against_eager("decode(encode_image, encode_text)", composed(programs), wrapper, args, atol)
+            log.info("re-run of the parts at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
 
     image_size = config.vision_config.backbone_config.image_size
     transforms = ImageTransforms(image_size).eval()
@@ -104,9 +147,9 @@ def run(settings: Settings) -> None:
     except Exception as e:
         raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
     check_image = (torch.rand(1, 3, 97, 150, generator=seeded) * 255).to(device)
-    check_against_eager("transforms", transforms_ep, transforms, (check_image,), 1e-5)
+    check_against_eager("transforms", transforms_ep.module(), transforms, (check_image,), 1e-5)
 
-    programs = {"model": model_ep, "transforms": transforms_ep}
+    programs["transforms"] = transforms_ep
     with atomic_output(paths.exported) as tmp:
         save_programs(programs, tmp)
     log.info("saved %s (%s)", paths.exported, human_size(paths.exported.stat().st_size))

@@ -1,7 +1,8 @@
 """Stage `package`: the PT2 archive that `sam3_aoti.load_package` (runtime/loader.py) loads with nothing but torch.
 
 `sam3.pt2` holds the AOTI models `model` and `transforms` (compiled code; the weights once, in the blob
-AOTInductor's own loader reads), `metadata.json` and the tokenizer's merges, and finds every consumer
+AOTInductor's own loader reads; with `[export] split` also `encode_image`, `encode_text` and `decode`, which
+read model's weights), `metadata.json` and the tokenizer's merges, and finds every consumer
 (`load_pt2`, torch's `load_package`, the C++ `AOTIModelPackageLoader`) its models by name. The exported
 programs, the fallback where the AOTI part cannot load, sit beside it in `sam3.exported.pt2`: inside,
 `load_pt2` would deserialize them (and a second copy of the weights) on every load.
@@ -20,7 +21,7 @@ from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
 from ..pipeline.artifacts import check_free_space, mark, record
 from ..pipeline.paths import ProfilePaths
-from ..runtime.archive import METADATA_FILE, MODEL_NAMES, VOCAB_FILE, fallback_of
+from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
 from ..runtime.integrity import digest_file, write_digest
 from ..runtime.loader import load_aoti_runners
@@ -66,6 +67,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
                 "normalize": {"mean": contract.IMAGE_MEAN, "std": contract.IMAGE_STD, "after_scale": 1 / 255},
                 "resize": contract.RESIZE,
             },
+            **{name: part_metadata(program, name) for name in PART_NAMES if name in index["models"]},
         },
         "box_format": contract.BOX_FORMAT,
         "mask_format": contract.MASK_FORMAT,
@@ -85,6 +87,53 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         },
         "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
     }
+
+
+def part_metadata(program: dict, name: str) -> dict:
+    """A split model's inputs and outputs (`contract`'s names), dim 0 named: images are `batch`, prompts
+    `num_prompts`, pairs both."""
+    from ..runtime import contract
+
+    image, text, pairs = ["batch"], ["num_prompts"], ["batch*num_prompts"]
+    inputs, input_dims, outputs, output_dims = {
+        "encode_image": (("images",), image, contract.IMAGE_FEATURES, image * 5),
+        "encode_text": (("token_ids",), text, contract.TEXT_FEATURES, text * 2),
+        "decode": (contract.IMAGE_FEATURES + contract.TEXT_FEATURES, image * 5 + text * 2, contract.OUTPUT_NAMES,
+                   pairs * 4),
+    }[name]
+    io = program["programs"][name]
+
+    def described(labels, firsts, tensors):
+        if len(tensors) != len(labels):
+            raise PackageError(f"the exported {name} has {len(tensors)} tensors where {len(labels)} were expected: "
+                               "run `uv run doit export` again")
+        return {n: {"shape": [d, *t["shape"][1:]], "dtype": t["dtype"]} for n, d, t in zip(labels, firsts, tensors)}
+
+    return {"inputs": described(inputs, input_dims, io["example_inputs"]), "input_order": list(inputs),
+            "outputs": described(outputs, output_dims, io["outputs"]), "output_order": list(outputs),
+            "weights_from": "model"}  # no blob of its own: the loader hands it model's tensors
+
+
+def check_shares_weights(exported: Path, index: dict, name: str) -> None:
+    """A part reads `model`'s tensors at load time: each of its constants must be one of model's, of the same
+    size and, in the exported archive, the same bytes (CRC-32 and size of the entries)."""
+    import zipfile
+
+    from ..aoti.weights_blob import tensor_entries
+
+    model = {c["fqn"]: c for c in index["models"]["model"]["constants"] if not c["folded"]}
+    with zipfile.ZipFile(exported) as archive:
+        entries = {n: tensor_entries(archive, n) for n in ("model", name)}
+        same = lambda fqn: all(  # noqa: E731
+            getattr(archive.getinfo(entries["model"][fqn]), k) == getattr(archive.getinfo(entries[name][fqn]), k)
+            for k in ("CRC", "file_size"))
+        for c in index["models"][name]["constants"]:
+            if c["folded"]:
+                continue
+            theirs = model.get(c["fqn"])
+            if theirs is None or theirs["bytes"] != c["bytes"] or not same(c["fqn"]):
+                raise PackageError(f"{name} reads the tensor {c['fqn']!r}, which model holds {'otherwise' if theirs else 'not'}"
+                                   ": the parts cannot share model's weights; run `uv run doit export compile` again")
 
 
 def check_aoti_loads(path: Path) -> None:
@@ -120,11 +169,13 @@ def run(settings) -> None:
     write_digest(paths.fallback_package)
     with atomic_output(paths.package) as tmp:
         aoti_files, parts = {}, {}
-        for name in MODEL_NAMES:
+        for name in index["models"]:
             compiled = index["models"][name]
             files = [paths.compiled / name / f for f in compiled["files"]]
             blob = tmp.parent / compiled["blob"]
-            if write_weights_blob(paths.exported, name, compiled, blob):
+            if name in PART_NAMES:
+                check_shares_weights(paths.exported, index, name)
+            elif write_weights_blob(paths.exported, name, compiled, blob):
                 log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
                 files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
             aoti_files[name] = [str(f) for f in files]

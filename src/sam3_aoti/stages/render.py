@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from ..pipeline.artifacts import record
@@ -61,7 +62,7 @@ def score_scatter(points: list[tuple[float, float]], size: int = 420):
 def run(settings: Settings) -> None:
     import torch
 
-    from ..model.checkpoints import eager_reference
+    from ..model.checkpoints import eager_reference, reference_transforms
     from ..model.reference import ReferenceCache
     from ..pipeline.cases import load_cases
     from ..runtime.loader import load_package
@@ -70,9 +71,10 @@ def run(settings: Settings) -> None:
     paths, opts = ProfilePaths.of(settings), settings.stage("render")
     cases = load_cases()
     package = load_package(paths.package)
-    eager, transforms = eager_reference(settings)
+    transforms = reference_transforms(settings)
+    eager = functools.cache(lambda: eager_reference(settings)[0])  # loaded only if verify's cache lacks a case
     cache = ReferenceCache.of(settings)  # verify computed eager on these very inputs: drawn from disk
-    cached_eager = lambda images, token_ids: cache.get((images, token_ids), eager)  # noqa: E731
+    cached_eager = lambda images, token_ids: cache.get((images, token_ids), lambda *a: eager()(*a))  # noqa: E731
     threshold, top_k = opts["score_threshold"], opts["max_instances"]
     random_note = " (random weights)" if settings.weights == "random" else ""
     lines = [f"# Render: {settings.profile}{random_note}", "",

@@ -30,10 +30,8 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 
 
 def run(settings: Settings) -> None:
-    from torch.export.pt2_archive._package import load_pt2
-
-    from ..aoti.compile import (aoti_compile, check_constants_are_weights, check_inductor_options, compiled_outputs,
-                                platform_info)
+    from ..aoti.compile import (aoti_compile, check_constants_are_weights, check_inductor_options, compiled_names,
+                                compiled_outputs, load_program, platform_info, program_names)
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
@@ -42,14 +40,13 @@ def run(settings: Settings) -> None:
     key = tuning_key(settings, digest["sha256"], platform_info(settings.device))
     options = tuning_options(settings)
     check_inductor_options(settings.stage("tune").get("inductor", {}), "[tune] inductor")
-    programs = load_pt2(str(paths.exported)).exported_programs
     seconds, phases = {}, {}
     with tempfile.TemporaryDirectory(prefix=".tune-cache.", dir=paths.root) as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # empty: every decision is benchmarked here, now
-        for name in ("model", "transforms"):
+        for name in compiled_names(program_names(paths.exported)):
             log.info("tuning %s: a full compile that benchmarks every GEMM and kernel config (%s)", name, options)
             try:
-                compiled = aoti_compile(programs[name], options, settings.stage("compile")["sdpa_backends"])
+                compiled = aoti_compile(load_program(paths.exported, name), options, settings.stage("compile")["sdpa_backends"])
             except Exception as e:
                 raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
                                    "without it)") from e

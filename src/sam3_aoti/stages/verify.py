@@ -7,6 +7,7 @@ Runs the dynamic-shape sweep on random inputs and every case on real photographs
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import DriftError
 from ..model.reference import ReferenceCache
@@ -78,6 +79,7 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
     device = torch.device(settings.device)
     config = eager.model.config
     backends = {"aoti": package, "exported": fallback}
+    runs = {f"{backend}{how}": run for backend, pkg in backends.items() for how, run in ways_to_run(pkg).items()}
     rows: list[Check] = []
     with torch.no_grad():
         for b, p in sweep_shapes(opts):
@@ -85,8 +87,8 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
             args = example_inputs(config, b, p, seed=b * 10 + p, device=device)
             reference = cache.get(args, eager)
             want = expected_shapes(config, b * p)
-            for backend, pkg in backends.items():
-                out = pkg.model(*args)
+            for backend, run in runs.items():
+                out = run(*args)
                 got = [tuple(o.shape) for o in out]
                 rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
                                   "as expected", got == want))
@@ -101,8 +103,23 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 images = pkg.transforms(image)
                 diff = float((images - ref_images).abs().max())
                 rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                rows += gate(compare(pkg.model(images, token_ids), reference, mask_band=band), tol, backend, case.name)
+                for how, run in ways_to_run(pkg).items():
+                    rows += gate(compare(run(images, token_ids), reference, mask_band=band), tol, backend + how, case.name)
     return rows
+
+
+def ways_to_run(package) -> dict:
+    """`model`, and for a split package its parts: whole, and with the prompts encoded and decoded in chunks
+    of two (each must give model's outputs)."""
+    if not package.parts:
+        return {"": package.model}
+
+    def chunked(images, token_ids):
+        texts = [package.encode_text(token_ids[i:i + 2]) for i in range(0, token_ids.shape[0], 2)]
+        return package.decode_chunked(package.encode_image(images), texts)
+
+    return {"": package.model, " split": lambda images, token_ids: package.decode(
+        package.encode_image(images), package.encode_text(token_ids)), " chunks": chunked}
 
 
 def pictures(cases) -> list[tuple[str, str]]:
@@ -133,16 +150,18 @@ def run(settings: Settings) -> None:
     paths = ProfilePaths.of(settings)
     mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
     cases = load_cases()  # a broken case image fails here, not after the models loaded
-    package = load_package(paths.package)
-    if package.fallback_reason:
-        raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
-                         f"rebuild with `uv run doit compile device={settings.device}`")
-    fallback = package.exported_only()
     if settings.spec.strict_fp32:  # PyTorch runs cuDNN convolutions in TF32 by default: compare real fp32
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
-    eager, transforms = eager_reference(settings)
+    with ThreadPoolExecutor(1) as loader:  # the eager model reads its checkpoint while the package loads
+        reference = loader.submit(eager_reference, settings)
+        package = load_package(paths.package)
+        if package.fallback_reason:
+            raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
+                             f"rebuild with `uv run doit compile device={settings.device}`")
+        fallback = package.exported_only()
+        eager, transforms = reference.result()
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
     cache = ReferenceCache.of(settings)

@@ -1,0 +1,152 @@
+"""Encode once, decode many: the model in three parts (`[export] split`), equal to the whole, weights stored once."""
+
+import json
+import zipfile
+
+import pytest
+import torch
+
+from sam3_aoti.errors import InputError, PackageError
+from sam3_aoti.model.wrapper import PARTS, Part, Sam3Grounding, example_inputs
+from sam3_aoti.runtime.archive import PART_NAMES
+from sam3_aoti.runtime.loader import load_package
+
+from helpers import TINY, rewrite_package
+
+
+@pytest.fixture(scope="module")
+def package_path(built_repo):
+    return built_repo / TINY / "package" / "sam3.pt2"
+
+
+@pytest.fixture(scope="module")
+def package(package_path):
+    return load_package(package_path)
+
+
+def close(got, want, atol=1e-4):
+    return all(g.shape == w.shape and float((g - w).abs().max()) <= atol for g, w in zip(got, want, strict=True))
+
+
+def test_the_whole_model_is_decode_of_the_two_encoders(tiny_model):
+    wrapper = Sam3Grounding(tiny_model).eval()
+    images, token_ids = example_inputs(tiny_model.config, 2, 3)
+    with torch.no_grad():
+        whole = wrapper(images, token_ids)
+        parts = wrapper.decode(*wrapper.encode_image(images), *wrapper.encode_text(token_ids))
+    assert all(torch.equal(a, b) for a, b in zip(whole, parts, strict=True))
+
+
+def test_the_parts_hold_the_models_tensors_once_under_their_names(tiny_model):
+    """Each part's tensors are the model's own (same objects, same names); together they are all of them."""
+    wrapper = Sam3Grounding(tiny_model).eval()
+    everything = dict(wrapper.named_parameters()) | dict(wrapper.named_buffers())
+    seen = []
+    for name in PART_NAMES:
+        part = Part(wrapper, name)
+        tensors = dict(part.named_parameters()) | dict(part.named_buffers())
+        assert all(everything[k] is v for k, v in tensors.items())
+        seen += list(tensors)
+    assert sorted(seen) == sorted(everything) and tuple(PARTS) == PART_NAMES
+
+
+def test_a_split_package_decodes_what_model_gives(package):
+    assert package.parts == PART_NAMES and package.backends["decode"] == "aoti"
+    images, token_ids = tiny_inputs(package, 3, 4)
+    with torch.no_grad():
+        whole = package.model(images, token_ids)
+        split = package.decode(package.encode_image(images), package.encode_text(token_ids))
+    assert close(split, whole)
+
+
+def tiny_inputs(package, batch, prompts, seed=7):
+    side = package.metadata["models"]["model"]["inputs"]["images"]["shape"][2]
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch, 3, side, side, generator=g)
+    phrases = ["a dog", "a red car", "the tree", "a roof", "two boats", "a road"]
+    return images, package.encode_prompts([phrases[i % len(phrases)] for i in range(prompts)])
+
+
+def test_prompts_in_chunks_and_kept_class_features_give_models_outputs(package):
+    """An image encoded once; prompts encoded in chunks (a fixed class list's features kept and reused)."""
+    images, token_ids = tiny_inputs(package, 2, 5)
+    with torch.no_grad():
+        whole = package.model(images, token_ids)
+        features = package.encode_image(images)
+        texts = [package.encode_text(token_ids[i:i + 2]) for i in range(0, 5, 2)]
+        assert close(package.decode_chunked(features, texts), whole)
+        one_image = package.encode_image(images[1:])  # the class list's features again, another batch
+        second = package.decode_chunked(one_image, texts)
+    assert close(second, tuple(o.unflatten(0, (2, 5))[1] for o in whole))
+
+
+def test_split_inputs_that_do_not_fit_are_one_line_errors(package):
+    images, token_ids = tiny_inputs(package, 2, 3)
+    features, text = package.encode_image(images), package.encode_text(token_ids)
+    with pytest.raises(InputError, match="decode takes 7 tensors, got 6"):
+        package.decode(features[:4], text)
+    with pytest.raises(InputError, match="input 5 must be float32"):
+        package.decode(features, (text[0].double(), text[1]))
+    other = package.encode_image(images[:1])
+    with pytest.raises(InputError, match="has batch 1, an earlier one 2"):
+        package.decode((*features[:4], other[4]), text)
+    with pytest.raises(InputError, match="images must be float32"):
+        package.encode_image(images.double())
+    with pytest.raises(InputError, match="token_ids must be int64"):
+        package.encode_text(token_ids.int())
+
+
+def test_the_weights_are_stored_once_and_read_by_the_parts_in_place(package_path, package):
+    with zipfile.ZipFile(package_path) as archive:
+        blobs = [i.filename.split("/")[3] for i in archive.infolist() if i.filename.endswith("_weights.blob")]  # by model
+        metadata = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("extra/metadata.json"))))
+    assert blobs == ["model"]
+    assert all(metadata["models"][n]["weights_from"] == "model" for n in PART_NAMES)
+    runner = lambda name: package.runners[name].runner.runner  # CheckedPart -> AotiRunner -> torch's runner
+    model = {k: v.data_ptr() for k, v in runner("model").extract_constants_map(False).items()}
+    for name in PART_NAMES:
+        constants = runner(name).extract_constants_map(False)
+        assert constants and all(model[k] == v.data_ptr() for k, v in constants.items())
+
+
+def test_graphs_are_skipped_without_cuda_and_the_fallback_has_the_parts(package):
+    assert package.cuda_graphs.startswith("off") and package.graph_runner is None
+    fallback = package.exported_only()
+    assert fallback.parts == PART_NAMES and fallback.backends["decode"] == "exported"
+    images, token_ids = tiny_inputs(package, 1, 2)
+    with torch.no_grad():
+        assert close(fallback.decode(fallback.encode_image(images), fallback.encode_text(token_ids)),
+                     package.model(images, token_ids))
+
+
+def test_a_package_with_some_parts_only_is_refused(package_path, tmp_path):
+    def drop_decode(name, data):
+        return None if "/data/aotinductor/decode/" in name else data
+
+    broken = rewrite_package(package_path, tmp_path / "sam3.pt2", drop_decode)
+    with pytest.raises(PackageError, match="all or none of encode_image, encode_text, decode"):
+        from sam3_aoti.runtime.loader import load_aoti_runners
+
+        load_aoti_runners(broken)
+
+
+def test_a_package_without_parts_says_how_to_get_them(package, monkeypatch):
+    whole_only = type(package)({k: v for k, v in package.runners.items() if k not in PART_NAMES},
+                               package.backends, package.metadata, package.merges_text, package.path)
+    with pytest.raises(InputError, match=r"has no encode_image: build it with `\[export\] split"):
+        whole_only.encode_image(torch.zeros(1, 3, 2, 2))
+
+
+def test_verify_gates_the_split_path_and_info_lists_the_parts(built_repo):
+    report = json.loads((built_repo / TINY / "verify" / "report.json").read_text())
+    backends = {row["backend"] for row in report["rows"]}
+    assert {"aoti split", "aoti chunks", "exported split", "exported chunks"} <= backends
+    assert all(row["ok"] for row in report["rows"])
+    import subprocess
+    import sys
+
+    info = subprocess.run([sys.executable, "-m", "sam3_aoti", "info", str(built_repo / TINY / "package" / "sam3.pt2")],
+                          capture_output=True, text=True, check=True).stdout
+    for name in PART_NAMES:
+        assert f"{name}: backends aoti" in info and "reads model's weights" in info
+    assert "input  geometry_prompt" in info and "output text_features" in info
