@@ -19,9 +19,9 @@ keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends"
         "toolchain")
 json.dump({k: index.get(k) for k in keep}, open(sys.argv[2], "w"), indent=2, sort_keys=True)' "$1" "$2"
 }
-for part in bf16 fp32 parity fast tuned fp8 o0 loader; do  # gpu_full.sh's parts that build a full variant (parity, fast, tuned, o0, loader: bf16)
+for part in bf16 fp32 parity fast tuned fp8 o0 loader split; do  # gpu_full.sh's parts that build a full variant (all but fp32 and fp8: bf16)
     precision=$part
-    [[ $part == parity || $part == fast || $part == tuned || $part == o0 || $part == loader ]] && precision=bf16
+    [[ $part == parity || $part == fast || $part == tuned || $part == o0 || $part == loader || $part == split ]] && precision=bf16
     variant=$part/sam3-$precision-cuda
     copy "$variant/verify/report.md" "verify-$part.md"
     copy "$variant/verify/report.json" "verify-$part.json"
@@ -56,4 +56,7 @@ if [[ -d $staging/logs/tinytuned ]]; then
         < <(find "$dest/tinytuned" -path '*/compiled/index.json' -print0)
 fi
 copy logs/tinytuned-test.log tinytuned-test.log
+copy logs/timings.tsv timings.tsv
+copy logs/split-build.log split-build.log
+copy logs/split-bench.log split-bench.log
 ls -la "$dest"
