@@ -14,9 +14,7 @@ from sam3_aoti.runtime.loader import load_package
 from sam3_aoti.pipeline.paths import fallback_of
 from torch.export.pt2_archive._package import load_pt2
 
-from helpers import TINY, rewrite_package
-
-MODELS = ("model", "transforms", "encode_image", "encode_text", "decode")  # the tiny profile is split
+from helpers import TINY, TINY_MODELS as MODELS, rewrite_package
 
 
 @pytest.fixture(scope="module")

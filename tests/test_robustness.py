@@ -21,7 +21,7 @@ from sam3_aoti.errors import InputError, PackageError, Sam3AotiError
 from sam3_aoti.runtime.integrity import digest_file
 from sam3_aoti.runtime.loader import load_package
 
-from helpers import REPO, TINY, copy_repo, executed, rewrite_package, run_doit, stale, start_doit
+from helpers import REPO, TINY, TINY_MODELS, copy_repo, executed, rewrite_package, run_doit, stale, start_doit
 
 
 def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
@@ -290,7 +290,7 @@ def test_a_failed_load_leaves_no_extraction_folder(package_path, tmp_path):
     broken = copy_package(package_path, tmp_path, break_so, digests=False, resign=True)
     before = {p.path for p in extraction_folders()}
     package = load_package(broken, trust=True)
-    assert package.backends == {"model": "exported", "transforms": "exported"} and package.fallback_reason
+    assert package.backends == dict.fromkeys(TINY_MODELS, "exported") and package.fallback_reason
     assert {p.path for p in extraction_folders()} == before
 
 
@@ -505,7 +505,7 @@ def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(pa
     assert holder.stdout.readline().strip() == "loaded"
     folders = list((cache / "tmp").iterdir())
     assert len(folders) == 1 and folders[0].name.startswith(f"{holder.pid}-")
-    assert sorted(p.name.split("-")[0] for p in folders[0].iterdir()) == ["model", "transforms"]
+    assert sorted(p.name.split("-")[0] for p in folders[0].iterdir()) == sorted(TINY_MODELS)
     holder.kill()
     holder.wait()
     proc = subprocess.run([sys.executable, "-c", f"from sam3_aoti import load_package; load_package({str(package_path)!r})"],

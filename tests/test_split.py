@@ -133,7 +133,7 @@ def test_a_package_with_some_parts_only_is_refused(package_path, tmp_path):
 def test_a_package_without_parts_says_how_to_get_them(package, monkeypatch):
     whole_only = type(package)({k: v for k, v in package.runners.items() if k not in PART_NAMES},
                                package.backends, package.metadata, package.merges_text, package.path)
-    with pytest.raises(InputError, match=r"has no encode_image: build it with `\[export\] split"):
+    with pytest.raises(InputError, match=r"has no encode_image: add its profile \(tiny\) to `\[export\] split`"):
         whole_only.encode_image(torch.zeros(1, 3, 2, 2))
 
 

@@ -65,8 +65,8 @@ class Sam3Package:
 
     def _part(self, name: str) -> Callable:
         if name not in self.runners:
-            raise InputError(f"{self.path.name} has no {name}: build it with `[export] split = true` in pipeline.toml "
-                             "(or call model(images, token_ids))")
+            raise InputError(f"{self.path.name} has no {name}: add its profile ({self.metadata.get('profile')}) to "
+                             "`[export] split` in pipeline.toml and build again, or call model(images, token_ids)")
         return self.runners[name]
 
     def encode_image(self, images):
@@ -338,7 +338,7 @@ def load_exported(path: Path, trust: bool = False) -> dict:
     except Exception as e:  # exported on a GPU, its weights want one too
         raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
                            f"use {path.name} where it was built ({_built_for(path)})") from None
-    missing = [n for n in MODEL_NAMES if n not in programs]  # a split package's parts: its metadata says
+    missing = [n for n in MODEL_NAMES if n not in programs]  # the parts, where its metadata names them: load_package
     if missing:
         raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
     return programs

@@ -1,4 +1,5 @@
-"""Stage `compile`: AOTInductor-compile both exported programs into code that holds no weights.
+"""Stage `compile`: AOTInductor-compile every exported program into code that holds no weights, each in a
+process of its own (several at once on a machine with the cores for it).
 
 The compiled files depend on the program digest (graphs, signatures, weight layouts), never on the
 weights' values: every tensor stays a constant of the model (none is inlined into a kernel) and the
