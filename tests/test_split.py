@@ -150,3 +150,13 @@ def test_verify_gates_the_split_path_and_info_lists_the_parts(built_repo):
     for name in PART_NAMES:
         assert f"{name}: backends aoti" in info and "reads model's weights" in info
     assert "input  geometry_prompt" in info and "output text_features" in info
+
+
+def test_compiles_at_once_fit_the_cores_and_the_memory():
+    from sam3_aoti.stages.compile import compile_workers
+
+    assert compile_workers(5, 2 << 30, cores=16, memory=128 << 30) == 4  # the H200: a quarter of its cores
+    assert compile_workers(5, 8 << 30, cores=16, memory=64 << 30) == 2  # big weights: a third of the memory
+    assert compile_workers(5, 2 << 30, cores=2, memory=24 << 30) == 1  # CI's machine: one at a time
+    assert compile_workers(2, 1, cores=64, memory=1 << 40) == 2  # never more than the models
+    assert compile_workers(5, 64 << 30, cores=16, memory=16 << 30) == 1  # at least one

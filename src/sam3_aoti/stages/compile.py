@@ -27,10 +27,13 @@ from ..toolchain.cuda_env import FIX_VARIABLE, read_build_facts
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
-def compile_workers(models: int) -> int:
+def compile_workers(models: int, program_bytes: int, cores: int | None = None, memory: int | None = None) -> int:
     """Compiles at once: each is mostly one busy core (Inductor's Python) with bursts of g++ and Triton
-    workers, so a quarter of the cores, at least one."""
-    return max(1, min(models, (os.cpu_count() or 1) // 4))
+    workers, so a quarter of the cores; and each holds a program's weights, copied once more into its blob
+    check, so no more than a third of the memory holds (at least one)."""
+    cores = cores or os.cpu_count() or 1
+    memory = memory or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, min(models, cores // 4, memory // (3 * max(program_bytes, 1))))
 
 
 def run(settings: Settings) -> None:
@@ -61,7 +64,7 @@ def run(settings: Settings) -> None:
              "platform": platform, "models": {}, "compile_seconds": {}, "compile_phases": {},
              "toolchain": {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
                            "build": read_build_facts(ToolchainPaths.of(settings).env_file)}}
-    workers = compile_workers(len(names))
+    workers = compile_workers(len(names), weights)  # a worker holds at most the whole archive
     with atomic_output(paths.compiled) as tmp, ProcessPoolExecutor(workers, get_context("spawn")) as pool:
         log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),
                  settings.device, workers)
