@@ -3,7 +3,8 @@
 `model(images [B,3,S,S], token_ids [P,32])` -> (pred_logits [N,Q,1], pred_boxes [N,Q,4] cxcywh,
 pred_masks [N,Q,M,M], presence_logit_dec [N,1]) with N = B*P and pair i = (image i // P, prompt i % P),
 the conventions of Meta's SAM3 code. The vision encoder runs once per image and the text encoder once per
-prompt; only the DETR/mask heads see all N pairs.
+prompt; only the DETR/mask heads see all N pairs. Those are the wrapper's three steps, `encode_image`,
+`encode_text` and `decode`, which `Part` exports alone for encode once / decode many.
 """
 
 from __future__ import annotations
