@@ -96,10 +96,11 @@ def part_metadata(program: dict, name: str) -> dict:
 
     image, text, pairs = ["batch"], ["num_prompts"], ["batch*num_prompts"]
     inputs, input_dims, outputs, output_dims = {
-        "encode_image": (("images",), image, contract.IMAGE_FEATURES, image * 5),
-        "encode_text": (("token_ids",), text, contract.TEXT_FEATURES, text * 2),
-        "decode": (contract.IMAGE_FEATURES + contract.TEXT_FEATURES, image * 5 + text * 2, contract.OUTPUT_NAMES,
-                   pairs * 4),
+        "encode_image": (("images",), image, contract.IMAGE_FEATURES, image * len(contract.IMAGE_FEATURES)),
+        "encode_text": (("token_ids",), text, contract.TEXT_FEATURES, text * len(contract.TEXT_FEATURES)),
+        "decode": (contract.IMAGE_FEATURES + contract.TEXT_FEATURES,
+                   image * len(contract.IMAGE_FEATURES) + text * len(contract.TEXT_FEATURES), contract.OUTPUT_NAMES,
+                   pairs * len(contract.OUTPUT_NAMES)),
     }[name]
     io = program["programs"][name]
 
@@ -114,26 +115,30 @@ def part_metadata(program: dict, name: str) -> dict:
             "weights_from": "model"}  # no blob of its own: the loader hands it model's tensors
 
 
-def check_shares_weights(exported: Path, index: dict, name: str) -> None:
-    """A part reads `model`'s tensors at load time: each of its constants must be one of model's, of the same
-    size and, in the exported archive, the same bytes (CRC-32 and size of the entries)."""
+def check_shares_weights(exported: Path, index: dict, parts: list[str]) -> None:
+    """The parts read `model`'s tensors at load time: each of their constants must be one of model's, of the
+    same size and, in the exported archive, the same bytes (CRC-32 and size of the entries)."""
     import zipfile
 
     from ..aoti.weights_blob import tensor_entries
 
     model = {c["fqn"]: c for c in index["models"]["model"]["constants"] if not c["folded"]}
     with zipfile.ZipFile(exported) as archive:
-        entries = {n: tensor_entries(archive, n) for n in ("model", name)}
-        same = lambda fqn: all(  # noqa: E731
-            getattr(archive.getinfo(entries["model"][fqn]), k) == getattr(archive.getinfo(entries[name][fqn]), k)
-            for k in ("CRC", "file_size"))
-        for c in index["models"][name]["constants"]:
-            if c["folded"]:
-                continue
-            theirs = model.get(c["fqn"])
-            if theirs is None or theirs["bytes"] != c["bytes"] or not same(c["fqn"]):
-                raise PackageError(f"{name} reads the tensor {c['fqn']!r}, which model holds {'otherwise' if theirs else 'not'}"
-                                   ": the parts cannot share model's weights; run `uv run doit export compile` again")
+        entries = {n: tensor_entries(archive, n) for n in ("model", *parts)}
+
+        def stored(name: str, fqn: str) -> tuple[int, int]:
+            info = archive.getinfo(entries[name][fqn])
+            return info.CRC, info.file_size
+
+        for name in parts:
+            for c in index["models"][name]["constants"]:
+                if c["folded"]:
+                    continue
+                theirs = model.get(c["fqn"])
+                if theirs is None or theirs["bytes"] != c["bytes"] or stored("model", c["fqn"]) != stored(name, c["fqn"]):
+                    raise PackageError(f"{name} reads the tensor {c['fqn']!r}, which model holds "
+                                       f"{'otherwise' if theirs else 'not'}: the parts cannot share model's weights; "
+                                       "run `uv run doit export compile` again")
 
 
 def check_aoti_loads(path: Path) -> None:
@@ -167,15 +172,14 @@ def run(settings) -> None:
     with atomic_output(paths.fallback_package) as tmp:
         link_or_copy(paths.exported, tmp)
     write_digest(paths.fallback_package)
+    check_shares_weights(paths.exported, index, [n for n in PART_NAMES if n in index["models"]])
     with atomic_output(paths.package) as tmp:
         aoti_files, parts = {}, {}
         for name in index["models"]:
             compiled = index["models"][name]
             files = [paths.compiled / name / f for f in compiled["files"]]
             blob = tmp.parent / compiled["blob"]
-            if name in PART_NAMES:
-                check_shares_weights(paths.exported, index, name)
-            elif write_weights_blob(paths.exported, name, compiled, blob):
+            if name not in PART_NAMES and write_weights_blob(paths.exported, name, compiled, blob):
                 log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
                 files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
             aoti_files[name] = [str(f) for f in files]
