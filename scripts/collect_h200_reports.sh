@@ -59,4 +59,7 @@ copy logs/tinytuned-test.log tinytuned-test.log
 copy logs/timings.tsv timings.tsv
 copy logs/split-build.log split-build.log
 copy logs/split-bench.log split-bench.log
+copy logs/fresh-box.log fresh-box.log
+copy logs/fresh-box.timeline fresh-box.timeline
+copy logs/fresh-python-env.txt fresh-python-env.txt
 ls -la "$dest"

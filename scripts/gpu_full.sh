@@ -206,8 +206,22 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
     timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
 }
 
-fresh_part() {
-    cd "$WORK/fresh" && timed fresh-box scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
+stamped() {  # stamped TIMELINE COMMAND...: the command's output as it is, and each line with its second to TIMELINE
+    local timeline=$1
+    shift
+    "$@" 2>&1 | python3 -u -c 'import sys, time
+t0, timeline = time.monotonic(), open(sys.argv[1], "w")
+for line in sys.stdin:
+    sys.stdout.write(line)
+    timeline.write(f"{time.monotonic() - t0:7.1f} {line}")
+    timeline.flush()' "$timeline"
+    return "${PIPESTATUS[0]}"
+}
+
+fresh_part() {  # the timeline says where the seconds between the stages' own clocks go
+    env | grep '^PYTHON' | sort > "$RESULTS/fresh-python-env.txt"
+    cd "$WORK/fresh" && timed fresh-box stamped "$RESULTS/fresh-box.timeline" \
+        scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
     scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md"
 }
 

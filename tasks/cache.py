@@ -68,18 +68,11 @@ def _digest_file(path: Path) -> Path:
 
 # --- keys -------------------------------------------------------------------------------------------------------
 
-_hashes: dict = {}
-
-
 def file_sha256(path: Path) -> str:
     """A file's sha256, once per process and state of the file (a checkpoint of GBs is read once per load)."""
-    stat = Path(path).stat()
-    memo = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if memo not in _hashes:
-        from sam3_aoti.runtime.files import sha256
+    from sam3_aoti.runtime.files import sha256_once
 
-        _hashes[memo] = sha256(path)
-    return _hashes[memo]
+    return sha256_once(path)
 
 
 def digest(body: dict) -> str:

@@ -246,3 +246,36 @@ def test_doit_takes_a_recorded_files_sha256_instead_of_hashing_it_again(tmp_path
     big.write_bytes(b"x" * 1000)  # the recorded content again, at a new ctime (a copied checkout)
     os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert not checker.check_modified(str(big), big.stat(), state)
+
+
+def test_a_recorded_file_is_hashed_once(tmp_path, monkeypatch):
+    """A later stage takes a file's sha256 from the manifest while the file is what its stage recorded; a file
+    rewritten since (same size, its ctime moved) is read again; a digest written and then recorded reads once."""
+    import hashlib
+    import os
+
+    import sam3_aoti.runtime.files as files
+    from sam3_aoti.pipeline.artifacts import record, recorded_sha256
+    from sam3_aoti.runtime.integrity import write_digest
+
+    checkpoint = tmp_path / "weights" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(b"a" * 4096)
+    record(tmp_path / "manifest.json", "weights", [checkpoint], {})
+    reads = []
+    real = files.sha256
+    monkeypatch.setattr(files, "sha256", lambda p: reads.append(p) or real(p))
+    assert recorded_sha256(tmp_path / "manifest.json", weights) == hashlib.sha256(b"a" * 4096).hexdigest()
+    assert reads == []
+    stat = weights.stat()
+    weights.write_bytes(b"b" * 4096)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert recorded_sha256(tmp_path / "manifest.json", weights) == hashlib.sha256(b"b" * 4096).hexdigest()
+    assert reads == [weights]
+
+    package = tmp_path / "sam3.pt2"
+    package.write_bytes(b"p" * 4096)
+    write_digest(package)
+    record(tmp_path / "manifest.json", "package", [package], {})
+    assert reads == [weights, package]

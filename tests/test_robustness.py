@@ -552,6 +552,25 @@ def test_a_misspelt_inductor_option_is_refused_before_the_compile(tmp_path):
         check_inductor_options({"max_autotune_gem": True}, "[compile] inductor")
 
 
+def test_a_compile_worker_refuses_a_misspelt_option_before_it_reads_its_program(tmp_path):
+    """The compile stage starts its workers before it imports torch: each checks the options first, and the
+    refusal crosses back to the stage whole (one line, exit 2)."""
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from sam3_aoti.aoti.compile import compile_program
+    from sam3_aoti.errors import ConfigError
+
+    missing = tmp_path / "no-such-archive.pt2"  # read after the check: reading it would fail otherwise
+    with ProcessPoolExecutor(1, get_context("spawn")) as pool:
+        job = pool.submit(compile_program, str(missing), "model", {"max_autotune_gem": True}, None, str(tmp_path / "out"))
+        with pytest.raises(ConfigError, match="did you mean `max_autotune_gemm`") as refused:
+            job.result()
+    assert refused.value.exit_code == 2 and not (tmp_path / "out").exists()
+    assert str(pickle.loads(pickle.dumps(refused.value))) == str(refused.value)
+
+
 def test_images_are_read_as_a_viewer_shows_them(tmp_path):
     """EXIF orientation applied, CMYK and float greys converted, the same reader for predict and the cases."""
     from sam3_aoti.pipeline.cases import Case

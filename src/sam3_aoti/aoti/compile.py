@@ -3,6 +3,7 @@ checks that the package stage can rebuild the weights blob from any checkpoint o
 
 from __future__ import annotations
 
+import filecmp
 import platform
 import re
 import shutil
@@ -12,7 +13,6 @@ from typing import NamedTuple
 
 from ..errors import CompileError, first_line
 from ..runtime.archive import MODEL_NAMES, PART_NAMES, archive_entries
-from ..runtime.files import sha256
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
 # alike); no tensor constant folded into generated code, so the code is independent of weight values.
@@ -112,7 +112,9 @@ def load_program(archive: Path, name: str):
 
 def compile_program(exported: str, name: str, options: dict, sdpa_backends: list[str] | None, dest: str):
     """A worker of the `compile` stage (its own process): AOT-compile one program of the exported archive
-    and keep its files in `dest`. Returns (its entry of the compile index, seconds, phases)."""
+    and keep its files in `dest`. Returns (its entry of the compile index, seconds, phases). The options are
+    checked here, not in the parent, which so starts every worker before it imports torch."""
+    check_inductor_options(options, "[compile] inductor")
     program = load_program(Path(exported), name)
     try:
         compiled = aoti_compile(program, options, sdpa_backends)
@@ -210,7 +212,7 @@ def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> di
     rebuilt = dest.parent / f".{name}.check.blob"
     try:
         write_weights_blob(exported, name, entry, rebuilt)
-        if sha256(rebuilt) != sha256(blob):
+        if not filecmp.cmp(rebuilt, blob, shallow=False):
             raise CompileError(f"the weights blob rebuilt for {name} differs from AOTInductor's: re-packaging new "
                                "weights would be wrong with this torch version")
     finally:

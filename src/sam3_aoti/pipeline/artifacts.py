@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.files import human_size, sha256, write_text_atomic
+from ..runtime.files import human_size, sha256, sha256_once, write_text_atomic
 
 
 def read_manifest(manifest: Path) -> dict:
@@ -43,7 +43,7 @@ def describe(path: Path) -> dict:
     if path.is_dir():
         return {"files": {p.name: describe(p) for p in sorted(path.iterdir()) if p.is_file()}}
     stat = path.stat()
-    return {"sha256": sha256(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    return {"sha256": sha256_once(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
 
 
 def changed(path: Path, recorded: dict, rehash: bool = False, refreshed: list | None = None) -> str | None:
@@ -76,6 +76,20 @@ def changed(path: Path, recorded: dict, rehash: bool = False, refreshed: list | 
         if moved and refreshed is not None:
             refreshed.append((recorded, stat))
     return None
+
+
+def recorded_sha256(manifest: Path, path: Path) -> str:
+    """`path`'s sha256 as the stage that wrote it recorded it, while the file is still what was recorded (size
+    and times, as `changed` sees it); read now otherwise (a checkpoint of GBs is not hashed by every stage)."""
+    manifest, path = Path(manifest), Path(path)
+    for entry in read_manifest(manifest)["stages"].values():
+        for rel, recorded in entry.get("outputs", {}).items():
+            folder = manifest.parent / rel
+            recorded = (recorded if folder == path else
+                        recorded.get("files", {}).get(path.name) if folder == path.parent else None)
+            if recorded and changed(path, recorded) is None:
+                return recorded["sha256"]
+    return sha256_once(path)
 
 
 def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bool = False,

@@ -45,6 +45,19 @@ def sha256(path: Path) -> str:
         return stream_sha256(f)
 
 
+_hashed: dict = {}
+
+
+def sha256_once(path: Path) -> str:
+    """A file's sha256, read once per process and state of the file (inode, size, mtime, ctime: any write moves
+    the ctime), for a build that records the digest it just wrote (a GB package is not read twice)."""
+    stat = Path(path).stat()
+    state = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if state not in _hashed:
+        _hashed[state] = sha256(path)
+    return _hashed[state]
+
+
 def stream_sha256(f, chunk: int = 1 << 24) -> str:
     """sha256 of a binary stream (a file, a zip entry), read in chunks."""
     h = hashlib.sha256()

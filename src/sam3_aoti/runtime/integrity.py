@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import PackageError
 from .archive import MODEL_NAMES, PART_NAMES, archive_entries
 from .scratch import cache_dir
-from .files import sha256, stream_sha256, write_text_atomic
+from .files import sha256, sha256_once, stream_sha256, write_text_atomic
 
 AOTI_PREFIX = "data/aotinductor/"
 KEEP_RECORDS = 256  # remembered checks; the oldest go first
@@ -62,7 +62,7 @@ def digest_file(package: Path) -> Path:
 
 
 def write_digest(package: Path) -> None:
-    write_text_atomic(digest_file(package), f"{sha256(package)}  {Path(package).name}\n")
+    write_text_atomic(digest_file(package), f"{sha256_once(package)}  {Path(package).name}\n")
 
 
 # What a package (or its exported-program fallback) may hold, by name inside its root folder: nothing else

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..aoti.compile import check_inductor_options, compile_program, compiled_names, platform_info, program_names
+from ..aoti.compile import compile_program, compiled_names, platform_info, program_names
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths, ToolchainPaths, portable
 from ..pipeline.settings import Settings
@@ -36,40 +36,47 @@ def compile_workers(models: int, program_bytes: int, cores: int | None = None, m
     return max(1, min(models, cores // 4, memory // (3 * max(program_bytes, 1))))
 
 
-def run(settings: Settings) -> None:
+def inductor_cache() -> Path:
+    """Inductor's cache folder without importing torch (doit sets it for every stage), so that the workers'
+    imports and program loads start at once."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+    return Path(cache_dir())
+
+
+def run(settings: Settings) -> None:
     paths = ProfilePaths.of(settings)
     weights = paths.exported.stat().st_size  # about the weights' size: the exported programs are mostly that
     # AOTInductor writes its blob and code in its cache; `keep_compiled` rebuilds the blob here to check it.
-    cache = Path(cache_dir())
+    cache = inductor_cache()
     check_free_space({cache: int(1.2 * weights), paths.root: int(1.1 * weights)}, "compile")
     inductor = dict(settings.stage("compile").get("inductor", {}))
-    check_inductor_options(inductor, "[compile] inductor")
     sdpa_backends = settings.stage("compile")["sdpa_backends"] if settings.device == "cuda" else None
     digest = json.loads(paths.program_digest.read_text())
-    platform = platform_info(settings.device)
     tuning = None
     if settings.tuned:  # the tune stage's decisions into this compile's cache: it benchmarks nothing
         from ..aoti.tuning import count_decisions, read_tuning, seed, tuning_key, tuning_options
 
         inductor = tuning_options(settings)
-        tuned = read_tuning(paths, tuning_key(settings, digest["sha256"], platform))
+        tuned = read_tuning(paths, tuning_key(settings, digest["sha256"], platform_info(settings.device)))
         seeded = seed(paths.tuning / "results", cache)
         before = count_decisions(cache)
         log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     names = compiled_names(program_names(paths.exported))
-    index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
-             "platform": platform, "models": {}, "compile_seconds": {}, "compile_phases": {},
-             "toolchain": {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
-                           "build": read_build_facts(ToolchainPaths.of(settings).env_file)}}
     workers = compile_workers(len(names), weights)  # a worker holds at most the whole archive
     with atomic_output(paths.compiled) as tmp, ProcessPoolExecutor(workers, get_context("spawn")) as pool:
         log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),
                  settings.device, workers)
         jobs = {pool.submit(compile_program, str(paths.exported), name, inductor, sdpa_backends, str(tmp / name)): name
                 for name in names}
+        index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
+                 "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
+                 "compile_phases": {},
+                 "toolchain": {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
+                               "build": read_build_facts(ToolchainPaths.of(settings).env_file)}}
         for job in as_completed(jobs):
             name = jobs[job]
             entry, index["compile_seconds"][name], index["compile_phases"][name] = job.result()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
-from ..pipeline.artifacts import check_free_space, mark, record
+from ..pipeline.artifacts import check_free_space, mark, record, recorded_sha256
 from ..pipeline.paths import ProfilePaths
 from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
@@ -82,7 +82,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "toolchain": index["toolchain"],
         "fallback": fallback_of(paths.package).name,
         "inputs_sha256": {
-            "checkpoint": sha256(paths.checkpoint / "model.safetensors"),
+            "checkpoint": recorded_sha256(paths.manifest, paths.checkpoint / "model.safetensors"),
             "program": program["sha256"],
         },
         "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
