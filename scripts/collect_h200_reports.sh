@@ -62,4 +62,7 @@ copy logs/split-bench.log split-bench.log
 copy logs/fresh-box.log fresh-box.log
 copy logs/fresh-box.timeline fresh-box.timeline
 copy logs/fresh-python-env.txt fresh-python-env.txt
+copy logs/cache.md cache.md
+copy logs/cache.json cache.json
+copy fresh/sam3-bf16-cuda/manifest.json manifest.json
 ls -la "$dest"
