@@ -201,7 +201,7 @@ cache_part() {
 }
 
 split_part() {  # the bf16 package with the split models ([export] split), from nothing, then bench with its parts
-    cd "$WORK/split" && configure split '["tiny", "sam3"]' columns '["transformers", "aoti", "aoti_graphs"]' load_times false
+    cd "$WORK/split" && configure split '["tiny", "sam3"]' columns '["meta", "transformers", "aoti", "aoti_graphs"]' load_times false
     timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine || return 1
     timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
 }
