@@ -176,3 +176,30 @@ def test_a_bf16_build_can_run_the_decoders_attentions_in_bf16_and_keep_its_box_p
     assert seen == [torch.bfloat16] * len(attentions) and all(t.isfinite().all() for t in out)
     box_gap = float((out[1] - fp32_attention[1]).abs().max())
     assert 0 < box_gap < 2e-2, box_gap
+
+
+def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
+    """bench times the parts alone (model.part_calls): every part is found in one call, re-run alone gives what
+    it gave inside the call, and the compiled re-run (what bench times) gives it too."""
+    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+
+    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=7)
+    inside = {}
+    hooks = [getattr(tiny_model, child).register_forward_hook(lambda m, i, out, c=child: inside.setdefault(c, out))
+             for child in ("detr_decoder", "mask_decoder")]
+    try:
+        parts = record_part_calls(wrapper, images, token_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert list(parts) == list(MODEL_PARTS)
+    assert [len(parts[name].calls) for name in MODEL_PARTS] == [1, 2, 1, 1, 1, 1, 1]
+    with torch.no_grad():
+        decoded, = parts["DETR decoder"].run()
+        masks, = parts["mask decoder"].run()
+        geometry, = parts["geometry encoder"].run()
+        assert torch.equal(decoded[0], inside["detr_decoder"][0])  # ModelOutputs: their first tensor
+        assert torch.equal(masks[0], inside["mask_decoder"][0])
+        assert torch.equal(geometry, wrapper.encode_image(images)[-1])
+        compiled = parts["scoring"].compiled(torch.compile, {})
+        assert torch.allclose(compiled.run()[0], parts["scoring"].run()[0], atol=1e-5)

@@ -173,6 +173,13 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
         assert all(v["median_ms"] > 0 and v["p90_ms"] >= v["median_ms"] and v["images_per_s"] > 0
                    for v in r["backends"].values())
         assert r["flop"] > 0
+        by_part = r["model_parts"]  # each model part compiled alone, fed what the whole call gives it
+        assert by_part["how"] == "compiled" and list(by_part["parts"]) == [
+            "ViT", "text encoder", "geometry encoder", "DETR encoder", "DETR decoder", "mask decoder", "scoring"]
+        assert all(v["median_ms"] > 0 and v["flop"] > 0 and v["tflop_per_s"] >= 0 for v in by_part["parts"].values())
+        assert 0.9 * r["flop"] <= sum(v["flop"] for v in by_part["parts"].values()) <= r["flop"]  # the glue has few
+        assert by_part["package_ms"] == r["backends"]["AOTI"]["median_ms"] and by_part["transforms"]["median_ms"] > 0
+        assert by_part["between_ms"] == round(by_part["package_ms"] - by_part["sum_ms"], 2)
     assert bench["rows"][1]["flop"] > bench["rows"][0]["flop"]  # FLOPs counted per shape
     assert {"sam3_aoti load_package, first start", "sam3_aoti load_package, next start",
             "torch load_package model, no ISA probe", "load_pt2, no ISA probe"} == set(bench["load_seconds"])
@@ -180,6 +187,7 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
     md = (own_build / TINY / "bench" / "bench.md").read_text()
     assert bench["iters"] == 2 and "| 2 | 3 |" in md and "AOTI ms (p90)" in md and "## Load" in md
     assert "## Encode once, decode many" in md and "decode TFLOP/s" in md
+    assert "## Where a call's time goes, by model part: each part compiled alone" in md and "| DETR encoder |" in md
     assert (own_build / TINY / "bench" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

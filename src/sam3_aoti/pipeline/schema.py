@@ -166,6 +166,7 @@ SCHEMA = {
         "isa_probe_loaders": (*_flag(), REQUIRED),
         "columns": (*_distinct(tuple(BENCH_COLUMNS), "columns"), REQUIRED),
         "load_times": (*_flag(), REQUIRED),
+        "model_parts": (*_choice("compiled", "eager", "off"), OPTIONAL),
     }, REQUIRED),
     "parity": ({"tolerances": ({"*": (PARITY_PRECISIONS, PARITY_TOLERANCES)}, REQUIRED)}, REQUIRED),
     "render": ({

@@ -7,9 +7,12 @@ warm-up (CUDA events on the GPU, wall clock on the CPU), images/s, peak working 
 (`FlopCounterMode` on the eager model) and the achieved share of the card's bf16 GEMM rate, measured in the
 same run. On the GPU also a kernel-category breakdown of one (2, 3) call with the launches per call. A split
 package's parts (`[export] split`) are timed alone at each shape, with their FLOPs: the image encoder, the
-text encoder, the heads, and new prompts against encoded images. Every column warms up at every shape
-before any is timed, and the rows rotate the order the columns run in. Writes bench.json, bench.md and
-bench.png. A benchmark, not a gate: it never fails on speed.
+text encoder, the heads, and new prompts against encoded images. And where a call's time goes by model part
+(`[bench] model_parts`): ViT, text encoder, geometry encoder, DETR encoder, DETR decoder, mask decoder and
+scoring, each compiled alone (torch.compile, CUDA graphs on the GPU) from the build's own wrapper and fed what
+one whole call gives it, with FLOPs and achieved rate, beside the package's `transforms`. Every column warms up
+at every shape before any is timed, and the rows rotate the order the columns run in. Writes bench.json,
+bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
 """
 
 from __future__ import annotations
@@ -131,6 +134,50 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
         parts[name] = result
         log.info("  %-38s median %8.2f ms", name, result["median_ms"])
     return parts
+
+
+def part_wrapper(settings: Settings):
+    """The model as the export stage wraps it (the build's precision recipe), whose parts bench times alone."""
+    from ..model.checkpoints import load_model
+    from ..model.wrapper import Sam3Grounding
+
+    opts = settings.stage("export")
+    model = load_model(settings).to(settings.device)
+    return Sam3Grounding.at(model, settings.spec, masked_attention=opts["masked_attention"],
+                            box_path_attention=opts["box_path_attention"]).eval()
+
+
+RAW_FRAME = (1080, 1920)  # what the transforms row resizes: B frames of this size (the model call starts after it)
+
+
+def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled: dict, device: str, opts: dict,
+                     whole_ms: float | None, gemm: float | None) -> dict:
+    """Each model part at this shape alone, fed what one whole call gives it (model.part_calls), `how`
+    "compiled" (torch.compile, one compile per part kept across shapes in `compiled`; CUDA graphs on the GPU)
+    or "eager", with its FLOPs (FlopCounterMode on the part) and achieved rate. `whole_ms`, the package's own
+    call at this shape, less the parts' sum is what runs between them (and what fusing across them saves).
+    The package's own `transforms` is timed on B raw frames beside them (before the model call, not in it)."""
+    import torch
+
+    from ..model.part_calls import record_part_calls
+
+    mode = "reduce-overhead" if device == "cuda" else None
+    parts, rows = record_part_calls(wrapper, images, token_ids), {}
+    for name, part in parts.items():
+        runner = part.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else part
+        result = measure(runner.run, (), device, max(opts["warmup"], 3), opts["iters"])
+        flop = flops_of(wrapper, (), part.run)
+        result.update(flop=flop, tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
+        if gemm:
+            result["share_of_gemm_rate"] = round(result["tflop_per_s"] / gemm, 3)
+        rows[name] = result
+    frames = torch.rand(images.shape[0], 3, *RAW_FRAME, device=images.device) * 255
+    before = measure(transforms, (frames,), device, opts["warmup"], opts["iters"])
+    total = round(sum(r["median_ms"] for r in rows.values()), 2)
+    log.info("  model parts (%s): %s; sum %.2f ms, the package's call %s ms", how,
+             ", ".join(f"{n} {r['median_ms']:.2f}" for n, r in rows.items()), total, whole_ms)
+    return {"how": how, "parts": rows, "transforms": before, "sum_ms": total, "package_ms": whole_ms,
+            "between_ms": round(whole_ms - total, 2) if whole_ms is not None else None}
 
 
 def flops_of(module, args, call=None) -> int:
@@ -310,6 +357,8 @@ def run(settings: Settings) -> None:
     fallback_s = time.perf_counter() - t0
     log.info("load: exported-program fallback %.2f s", fallback_s)
     eager, _ = eager_reference(settings)  # also what FLOPs are counted on
+    parts_how = opts.get("model_parts", "compiled")
+    wrapper, compiled_parts = (part_wrapper(settings), {}) if parts_how != "off" else (None, None)
     backends = {COLUMNS[c]: fn for c, fn in
                 [("transformers", eager), ("exported", exported.model), ("aoti", package.model)] if c in columns}
     graphed = None
@@ -349,6 +398,11 @@ def run(settings: Settings) -> None:
         row["order"] = rotated(list(calls), index)
         if (graphed or package).parts:
             row["parts"] = part_times(graphed or package, eager, images, token_ids, flops, settings.device, opts)
+        if wrapper is not None:
+            whole = row["backends"].get(COLUMNS["aoti_graphs"]) or row["backends"].get(COLUMNS["aoti"])
+            row["model_parts"] = model_part_times(wrapper, package.transforms, images, token_ids, parts_how,
+                                                  compiled_parts, settings.device, opts,
+                                                  whole["median_ms"] if whole else None, gemm)
         rows.append(row)
         if cuda and (b, p) == PROFILE_SHAPE:
             breakdown = kernel_breakdown(package.model, (images, token_ids))
@@ -394,6 +448,23 @@ def bench_report(settings: Settings, info: dict) -> Report:
                             [[r["batch"], r["prompts"], *(f"{r['parts'][n]['median_ms']} ({r['parts'][n]['p90_ms']})"
                                                           for n in parts),
                               *(r["parts"][n]["tflop_per_s"] for n in rated)] for r in split]))
+    by_part = [r for r in rows if r.get("model_parts")]
+    if by_part:
+        names = list(by_part[0]["model_parts"]["parts"])
+        how = by_part[0]["model_parts"]["how"]
+        tables.append(Table(f"Where a call's time goes, by model part: each part {how} alone, fed what the whole "
+                            "model gives it (ms, median)",
+                            ["B", "P", f"transforms (B {RAW_FRAME[0]} × {RAW_FRAME[1]} frames, the package's, "
+                             "before the call)", *names, "sum of parts", "the package's call", "between the parts"],
+                            [[r["batch"], r["prompts"], r["model_parts"]["transforms"]["median_ms"],
+                              *(r["model_parts"]["parts"][n]["median_ms"] for n in names),
+                              r["model_parts"]["sum_ms"], r["model_parts"]["package_ms"] or "-",
+                              r["model_parts"]["between_ms"] or "-"] for r in by_part]))
+        rated = "share_of_gemm_rate" in by_part[0]["model_parts"]["parts"][names[0]]
+        tables.append(Table("The same parts' GFLOP and achieved TFLOP/s" + (" (share of the GEMM rate)" if rated else ""),
+                            ["B", "P", *names],
+                            [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names)]
+                             for r in by_part]))
     kernels = info.get("aoti_kernels_at_2x3")
     if kernels:
         tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",
@@ -415,16 +486,23 @@ def bench_report(settings: Settings, info: dict) -> Report:
                   [("bench.png", "median ms per call")], data=info)
 
 
+def part_rate(part: dict) -> str:
+    share = f" ({part['share_of_gemm_rate']:.0%})" if "share_of_gemm_rate" in part else ""
+    return f"{part['flop'] / 1e9:.4g} GFLOP, {part['tflop_per_s']}{share}"
+
+
 def plot(rows: list[dict], title: str) -> bytes:
-    """Grouped bars, one group per (B, P), one bar per backend, as a PNG (PIL: no plotting dependency)."""
+    """Grouped bars, one group per (B, P), one bar per backend; below them, where the rows have it, one stacked
+    bar per (B, P) of the model parts' ms. A PNG (PIL: no plotting dependency)."""
     import io
 
     from PIL import Image, ImageDraw
 
     names = list(rows[0]["backends"]) if rows else []
-    colors = ["#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
-    width, height, left, bottom, top = 900, 420, 60, 50, 40
-    image = Image.new("RGB", (width, height), "white")
+    by_part = [r for r in rows if r.get("model_parts")]
+    colors = ["#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    width, panel, left, bottom, top = 900, 420, 60, 50, 40
+    image = Image.new("RGB", (width, panel * (2 if by_part else 1)), "white")
     draw = ImageDraw.Draw(image)
     draw.text((left, 10), f"{title}: median ms per call", fill="black")
     peak = max((v["median_ms"] for r in rows for v in r["backends"].values()), default=1.0)
@@ -434,17 +512,40 @@ def plot(rows: list[dict], title: str) -> bytes:
         x0 = left + gi * group + group * 0.1
         for bi, name in enumerate(names):
             ms = r["backends"][name]["median_ms"]
-            h = (height - bottom - top) * ms / peak
+            h = (panel - bottom - top) * ms / peak
             x = x0 + bi * bar
-            draw.rectangle([x, height - bottom - h, x + bar - 2, height - bottom], fill=colors[bi % len(colors)])
-            draw.text((x, height - bottom - h - 12), f"{ms:.0f}", fill="black")
-        draw.text((x0, height - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
-    for bi, name in enumerate(names):
-        draw.rectangle([left + bi * 150, height - 18, left + bi * 150 + 10, height - 8], fill=colors[bi % len(colors)])
-        draw.text((left + bi * 150 + 14, height - 20), name[:22], fill="black")
+            draw.rectangle([x, panel - bottom - h, x + bar - 2, panel - bottom], fill=colors[bi % len(colors)])
+            draw.text((x, panel - bottom - h - 12), f"{ms:.0f}", fill="black")
+        draw.text((x0, panel - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
+    legend(draw, names, colors, left, panel - 20)
+    if by_part:
+        parts = list(by_part[0]["model_parts"]["parts"])
+        base = 2 * panel
+        draw.text((left, panel + 10), f"by model part ({by_part[0]['model_parts']['how']} alone): median ms, "
+                                      "stacked; the line: the package's call", fill="black")
+        peak = max(max(r["model_parts"]["sum_ms"], r["model_parts"]["package_ms"] or 0) for r in by_part) or 1.0
+        group = (width - left - 20) / len(by_part)
+        scale = (panel - bottom - top) / peak
+        for gi, r in enumerate(by_part):
+            x0, y = left + gi * group + group * 0.3, base - bottom
+            for pi, name in enumerate(parts):
+                h = r["model_parts"]["parts"][name]["median_ms"] * scale
+                draw.rectangle([x0, y - h, x0 + group * 0.4, y], fill=colors[pi % len(colors)])
+                y -= h
+            if r["model_parts"]["package_ms"]:
+                line = base - bottom - r["model_parts"]["package_ms"] * scale
+                draw.line([x0 - 6, line, x0 + group * 0.4 + 6, line], fill="black", width=2)
+            draw.text((x0, base - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
+        legend(draw, parts, colors, left, base - 20, step=115)
     out = io.BytesIO()
     image.save(out, format="PNG")
     return out.getvalue()
+
+
+def legend(draw, names: list, colors: list, left: int, y: int, step: int = 150) -> None:
+    for i, name in enumerate(names):
+        draw.rectangle([left + i * step, y + 2, left + i * step + 10, y + 12], fill=colors[i % len(colors)])
+        draw.text((left + i * step + 14, y), name[:22], fill="black")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""SAM3's parts as the whole model calls them, for timing each alone: one call of the export wrapper records
+every part's inputs (after the precision recipe cast them), so a part re-run alone gets exactly what it gets
+inside the model at that shape."""
+
+from __future__ import annotations
+
+import torch
+
+# The parts of one model call, in call order: name -> the Sam3Model children that are that part. The geometry
+# encoder is the wrapper's own no-box path (`empty_geometry_prompt`), not a module call.
+MODEL_PARTS = {
+    "ViT": ("vision_encoder",),
+    "text encoder": ("text_encoder", "text_projection"),
+    "geometry encoder": (),
+    "DETR encoder": ("detr_encoder",),
+    "DETR decoder": ("detr_decoder",),
+    "mask decoder": ("mask_decoder",),
+    "scoring": ("dot_product_scoring",),
+}
+GEOMETRY = "geometry encoder"
+
+
+class PartCall:
+    """One part's calls in one model call: `run()` repeats them on the recorded inputs."""
+
+    def __init__(self, name: str, calls: list):
+        self.name, self.calls = name, calls  # [(callable, args, kwargs)]
+
+    def run(self):
+        return [fn(*args, **kwargs) for fn, args, kwargs in self.calls]
+
+    def compiled(self, compile_fn, done: dict) -> "PartCall":
+        """The same calls through `compile_fn` (e.g. torch.compile). `done` keeps each compiled callable by part
+        and position, so the same part recorded at another shape reuses it (and its compiled code)."""
+        calls = []
+        for i, (fn, args, kwargs) in enumerate(self.calls):
+            if (self.name, i) not in done:
+                done[(self.name, i)] = compile_fn(fn)
+            calls.append((done[(self.name, i)], args, kwargs))
+        return PartCall(self.name, calls)
+
+
+def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) -> dict[str, PartCall]:
+    """Every part of `MODEL_PARTS` with the calls one `wrapper(images, token_ids)` makes of it."""
+    model, seen, vision = wrapper.model, {}, []
+    children = [c for names in MODEL_PARTS.values() for c in names]
+
+    def remember(child):
+        def hook(module, args, kwargs):
+            seen.setdefault(child, []).append((module, args, dict(kwargs)))
+        return hook
+
+    hooks = [model.get_submodule(c).register_forward_pre_hook(remember(c), with_kwargs=True) for c in children]
+    hooks.append(model.vision_encoder.register_forward_hook(lambda module, args, out: vision.append(out)))
+    try:
+        with torch.no_grad():
+            wrapper(images, token_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    missing = [c for c in children if c not in seen]
+    if missing or len(vision) != 1:
+        raise RuntimeError(f"one model call did not call {missing or ['vision_encoder once']}: the parts moved in "
+                           "transformers' Sam3Model; update model/part_calls.py")
+    parts = {name: PartCall(name, [call for c in names for call in seen[c]]) for name, names in MODEL_PARTS.items()}
+    parts[GEOMETRY] = PartCall(GEOMETRY, [(wrapper.empty_geometry_prompt, (vision[0],), {})])
+    return parts
