@@ -564,7 +564,8 @@ def test_a_compile_worker_refuses_a_misspelt_option_before_it_reads_its_program(
 
     missing = tmp_path / "no-such-archive.pt2"  # read after the check: reading it would fail otherwise
     with ProcessPoolExecutor(1, get_context("spawn")) as pool:
-        job = pool.submit(compile_program, str(missing), "model", {"max_autotune_gem": True}, None, str(tmp_path / "out"))
+        job = pool.submit(compile_program, str(missing), "model", {"max_autotune_gem": True}, None,
+                          str(tmp_path / "out"))
         with pytest.raises(ConfigError, match="did you mean `max_autotune_gemm`") as refused:
             job.result()
     assert refused.value.exit_code == 2 and not (tmp_path / "out").exists()

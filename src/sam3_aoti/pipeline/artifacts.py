@@ -43,7 +43,8 @@ def describe(path: Path) -> dict:
     if path.is_dir():
         return {"files": {p.name: describe(p) for p in sorted(path.iterdir()) if p.is_file()}}
     stat = path.stat()
-    return {"sha256": sha256_once(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    return {"sha256": sha256_once(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "ctime_ns": stat.st_ctime_ns}
 
 
 def changed(path: Path, recorded: dict, rehash: bool = False, refreshed: list | None = None) -> str | None:

@@ -458,11 +458,11 @@ def bench_report(settings: Settings, info: dict) -> Report:
                              "before the call)", *names, "sum of parts", "the package's call", "between the parts"],
                             [[r["batch"], r["prompts"], r["model_parts"]["transforms"]["median_ms"],
                               *(r["model_parts"]["parts"][n]["median_ms"] for n in names),
-                              r["model_parts"]["sum_ms"], r["model_parts"]["package_ms"] or "-",
-                              r["model_parts"]["between_ms"] or "-"] for r in by_part]))
+                              r["model_parts"]["sum_ms"], dash(r["model_parts"]["package_ms"]),
+                              dash(r["model_parts"]["between_ms"])] for r in by_part]))
         rated = "share_of_gemm_rate" in by_part[0]["model_parts"]["parts"][names[0]]
-        tables.append(Table("The same parts' GFLOP and achieved TFLOP/s" + (" (share of the GEMM rate)" if rated else ""),
-                            ["B", "P", *names],
+        rate = "The same parts' GFLOP and achieved TFLOP/s" + (" (share of the GEMM rate)" if rated else "")
+        tables.append(Table(rate, ["B", "P", *names],
                             [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names)]
                              for r in by_part]))
     kernels = info.get("aoti_kernels_at_2x3")
@@ -484,6 +484,10 @@ def bench_report(settings: Settings, info: dict) -> Report:
                      "(verify's reference), and FLOPs are its.")
     return Report(f"Bench: {settings.profile} on {info['gpu'] or 'cpu'} ({settings.precision})", notes, None, tables,
                   [("bench.png", "median ms per call")], data=info)
+
+
+def dash(value):
+    return "-" if value is None else value
 
 
 def part_rate(part: dict) -> str:
