@@ -36,14 +36,13 @@ def main() -> None:
     from sam3_aoti.model.part_calls import record_part_calls
     from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs
     from sam3_aoti.pipeline.settings import load_settings
-    from sam3_aoti.stages.bench import flops_of, gemm_tflops, measure
+    from sam3_aoti.stages.bench import gemm_tflops, time_part
 
     settings = load_settings(args.profile, args.device, args.precision, "random", None)
-    opts, device = settings.stage("export"), settings.device
+    device = settings.device
     t0 = time.perf_counter()
     model = build_model(settings).to(device)
-    wrapper = Sam3Grounding.at(model, settings.spec, masked_attention=opts["masked_attention"],
-                               box_path_attention=opts["box_path_attention"]).eval()
+    wrapper = Sam3Grounding.built_as(model, settings)
     images, token_ids = example_inputs(model.config, args.batch, args.prompts, device=device)
     parts = record_part_calls(wrapper, images, token_ids)
     gemm = gemm_tflops() if device == "cuda" else None
@@ -54,15 +53,11 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "torch": torch.__version__}
     lines.write_text(json.dumps(head) + "\n")
     print(json.dumps(head), flush=True)
-    mode = "reduce-overhead" if device == "cuda" else None
     rows = []
     for name in args.parts.split(","):
         t0 = time.perf_counter()
-        compiled = parts[name].compiled(lambda fn: torch.compile(fn, mode=mode), {})
-        result = measure(compiled.run, (), device, 3, args.iters)
-        flop = flops_of(wrapper, (), parts[name].run)
-        row = {"part": name, **result, "flop": flop, "tflop_per_s": round(flop / (result["median_ms"] * 1e-3) / 1e12, 2),
-               "share_of_gemm_rate": round(flop / (result["median_ms"] * 1e-3) / 1e12 / gemm, 3) if gemm else None,
+        result = time_part(wrapper, parts[name], "compiled", {}, device, {"warmup": 3, "iters": args.iters}, gemm)
+        row = {"part": name, "share_of_gemm_rate": None, **result,
                "compile_and_time_s": round(time.perf_counter() - t0, 1)}
         rows.append(row)
         with lines.open("a") as f:
@@ -71,9 +66,10 @@ def main() -> None:
     table = ["| part | ms (p90) | GFLOP | TFLOP/s | share of GEMM rate |", "|---|---|---|---|---|"]
     table += [f"| {r['part']} | {r['median_ms']} ({r['p90_ms']}) | {r['flop'] / 1e9:.4g} | {r['tflop_per_s']} | "
               f"{r['share_of_gemm_rate'] if r['share_of_gemm_rate'] is not None else '-'} |" for r in rows]
+    graphs = ", CUDA graphs" if device == "cuda" else ""
     (args.out / "part_times.md").write_text(
         f"# {settings.profile} {settings.precision} on {head['gpu'] or device}, B = {args.batch}, P = {args.prompts}: "
-        f"each part compiled alone (torch.compile{', CUDA graphs' if mode else ''}), median of {args.iters}\n\n"
+        f"each part compiled alone (torch.compile{graphs}), median of {args.iters}\n\n"
         + "\n".join(table) + f"\n\nSum of parts: {sum(r['median_ms'] for r in rows):.2f} ms\n")
 
 

@@ -174,21 +174,9 @@ class RecordedChecksums(MD5Checker):
         except (OSError, AttributeError):
             return {}
         if self._recorded[0] != stamp:
-            from sam3_aoti.pipeline.artifacts import read_manifest
+            from sam3_aoti.pipeline.artifacts import recorded_files
 
-            found = {}
-
-            def walk(path: Path, entry: dict) -> None:
-                if "files" in entry:
-                    for name, child in entry["files"].items():
-                        walk(path / name, child)
-                elif "sha256" in entry:
-                    found[str(path)] = (entry["bytes"], entry.get("mtime_ns"), entry.get("ctime_ns"), entry["sha256"])
-
-            for stage in read_manifest(self.manifest)["stages"].values():
-                for rel, entry in stage.get("outputs", {}).items():
-                    walk(self.manifest.parent / rel, entry)
-            RecordedChecksums._recorded = (stamp, found)
+            RecordedChecksums._recorded = (stamp, recorded_files(self.manifest))
         return self._recorded[1]
 
     def checksum(self, path: str, stat: os.stat_result) -> str:

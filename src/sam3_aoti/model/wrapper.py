@@ -240,6 +240,13 @@ class Sam3Grounding(nn.Module):
         return cls(model, getattr(torch, precision.dtype), precision.fp32_parts, fp8_parts=precision.fp8_parts,
                    **options)
 
+    @classmethod
+    def built_as(cls, model: Sam3Model, settings) -> "Sam3Grounding":
+        """The wrapper the export stage exports: the build's precision and `[export]` attention choices."""
+        opts = settings.stage("export")
+        return cls.at(model, settings.spec, masked_attention=opts["masked_attention"],
+                      box_path_attention=opts["box_path_attention"]).eval()
+
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
         return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
 

@@ -79,17 +79,30 @@ def changed(path: Path, recorded: dict, rehash: bool = False, refreshed: list | 
     return None
 
 
+def recorded_files(manifest: Path) -> dict[str, tuple]:
+    """Absolute path -> (bytes, mtime_ns, ctime_ns, sha256) of every file the manifest's stages recorded."""
+    manifest, found = Path(manifest), {}
+
+    def walk(path: Path, entry: dict) -> None:
+        if "files" in entry:
+            for name, child in entry["files"].items():
+                walk(path / name, child)
+        elif "sha256" in entry:
+            found[str(path.absolute())] = (entry["bytes"], entry.get("mtime_ns"), entry.get("ctime_ns"),
+                                           entry["sha256"])
+
+    for stage in read_manifest(manifest)["stages"].values():
+        for rel, entry in stage.get("outputs", {}).items():
+            walk(manifest.parent / rel, entry)
+    return found
+
+
 def recorded_sha256(manifest: Path, path: Path) -> str:
-    """`path`'s sha256 as the stage that wrote it recorded it, while the file is still what was recorded (size
-    and times, as `changed` sees it); read now otherwise (a checkpoint of GBs is not hashed by every stage)."""
-    manifest, path = Path(manifest), Path(path)
-    for entry in read_manifest(manifest)["stages"].values():
-        for rel, recorded in entry.get("outputs", {}).items():
-            folder = manifest.parent / rel
-            recorded = (recorded if folder == path else
-                        recorded.get("files", {}).get(path.name) if folder == path.parent else None)
-            if recorded and changed(path, recorded) is None:
-                return recorded["sha256"]
+    """`path`'s sha256 as the stage that wrote it recorded it, while the file is still what was recorded (size,
+    mtime and ctime); read now otherwise (a checkpoint of GBs is not hashed by every stage)."""
+    recorded, stat = recorded_files(manifest).get(str(Path(path).absolute())), Path(path).stat()
+    if recorded and recorded[:3] == (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns):
+        return recorded[3]
     return sha256_once(path)
 
 

@@ -141,10 +141,22 @@ def part_wrapper(settings: Settings):
     from ..model.checkpoints import load_model
     from ..model.wrapper import Sam3Grounding
 
-    opts = settings.stage("export")
-    model = load_model(settings).to(settings.device)
-    return Sam3Grounding.at(model, settings.spec, masked_attention=opts["masked_attention"],
-                            box_path_attention=opts["box_path_attention"]).eval()
+    return Sam3Grounding.built_as(load_model(settings).to(settings.device), settings)
+
+
+def time_part(wrapper, part, how: str, compiled: dict, device: str, opts: dict, gemm: float | None) -> dict:
+    """One model part (`model.part_calls.PartCall`) timed alone, "compiled" (torch.compile, CUDA graphs on the
+    GPU; `compiled` keeps the compiled callables across shapes) or "eager", with its FLOPs and achieved rate."""
+    import torch
+
+    mode = "reduce-overhead" if device == "cuda" else None
+    runner = part.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else part
+    result = measure(runner.run, (), device, max(opts["warmup"], 3), opts["iters"])
+    flop = flops_of(wrapper, (), part.run)
+    result.update(flop=flop, tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
+    if gemm:
+        result["share_of_gemm_rate"] = round(result["tflop_per_s"] / gemm, 3)
+    return result
 
 
 RAW_FRAME = (1080, 1920)  # what the transforms row resizes: B frames of this size (the model call starts after it)
@@ -161,16 +173,8 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
 
     from ..model.part_calls import record_part_calls
 
-    mode = "reduce-overhead" if device == "cuda" else None
-    parts, rows = record_part_calls(wrapper, images, token_ids), {}
-    for name, part in parts.items():
-        runner = part.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else part
-        result = measure(runner.run, (), device, max(opts["warmup"], 3), opts["iters"])
-        flop = flops_of(wrapper, (), part.run)
-        result.update(flop=flop, tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
-        if gemm:
-            result["share_of_gemm_rate"] = round(result["tflop_per_s"] / gemm, 3)
-        rows[name] = result
+    parts = record_part_calls(wrapper, images, token_ids)
+    rows = {name: time_part(wrapper, part, how, compiled, device, opts, gemm) for name, part in parts.items()}
     frames = torch.rand(images.shape[0], 3, *RAW_FRAME, device=images.device) * 255
     before = measure(transforms, (frames,), device, opts["warmup"], opts["iters"])
     total = round(sum(r["median_ms"] for r in rows.values()), 2)

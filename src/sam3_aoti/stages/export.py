@@ -111,8 +111,7 @@ def run(settings: Settings) -> None:
             raise ExportError(f"precision={settings.precision}: {reason}; build precision=bf16 on this machine")
     model = load_model(settings).to(device)
     config = model.config
-    wrapper = Sam3Grounding.at(model, settings.spec, masked_attention=opts["masked_attention"],
-                               box_path_attention=opts["box_path_attention"]).eval()
+    wrapper = Sam3Grounding.built_as(model, settings)
     atol = settings.spec.export_atol
 
     example = example_inputs(config, opts["example_batch"], opts["example_prompts"], device=device)
