@@ -32,6 +32,7 @@ from doit import get_var
 from sam3_aoti.errors import Sam3AotiError
 from sam3_aoti.pipeline.artifacts import manifest_changes, mark, read_manifest, record
 from sam3_aoti.pipeline.paths import DEFAULT_CASES
+from sam3_aoti.runtime.files import sha256_once  # once per process and state of a file (a checkpoint: once a load)
 
 from . import PATHS, ROOT, SETTINGS, sources, weights_inputs
 
@@ -68,13 +69,6 @@ def _digest_file(path: Path) -> Path:
 
 # --- keys -------------------------------------------------------------------------------------------------------
 
-def file_sha256(path: Path) -> str:
-    """A file's sha256, once per process and state of the file (a checkpoint of GBs is read once per load)."""
-    from sam3_aoti.runtime.files import sha256_once
-
-    return sha256_once(path)
-
-
 def digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -99,8 +93,8 @@ def cases_digest() -> dict:
         if image.startswith("skimage:"):
             images[image] = f"scikit-image {package_version('scikit-image')}"
         elif image:
-            images[image] = file_sha256((DEFAULT_CASES.parent / image).resolve())
-    return {"cases.toml": file_sha256(DEFAULT_CASES), "images": images}
+            images[image] = sha256_once((DEFAULT_CASES.parent / image).resolve())
+    return {"cases.toml": sha256_once(DEFAULT_CASES), "images": images}
 
 
 def _common(stage: str) -> dict:
@@ -109,14 +103,14 @@ def _common(stage: str) -> dict:
         fingerprint.update(tuned=SETTINGS.tuned, tune=SETTINGS.stage("tune") if SETTINGS.tuned else None)
     return {"format": KEY_FORMAT, "stage": stage, "fingerprint": fingerprint,
             "python": ".".join(platform.python_version_tuple()[:2]),
-            "sources": {str(Path(f).relative_to(ROOT)): file_sha256(f) for f in sources(stage)}}
+            "sources": {str(Path(f).relative_to(ROOT)): sha256_once(f) for f in sources(stage)}}
 
 
 @functools.cache
 def derivation_key(stage: str) -> str:
     body = {**_common(stage), "inputs": {name: derivation_key(name) for name in INPUTS[stage]}}
     if stage == "weights":
-        body["checkpoint"] = ({str(p.name): file_sha256(p) for p in weights_inputs(SETTINGS.weights)}
+        body["checkpoint"] = ({str(p.name): sha256_once(p) for p in weights_inputs(SETTINGS.weights)}
                               if SETTINGS.weights != "random" else "random")
     if stage == "compile":
         body["toolchain"] = toolchain_facts()
