@@ -33,6 +33,10 @@
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
 #          then bench of transformers eager and the AOTI columns, with the split models' own table
+#   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
+#          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
+#          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
+#          (scripts/parity_eager.py, the parity tolerances)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -206,6 +210,19 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
     timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
 }
 
+heads_part() {
+    local parts="DETR encoder,DETR decoder,mask decoder,scoring,text encoder" times=(--python scripts/part_times.py
+        --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 12)
+    cd "$WORK/heads" && sed 's|^box_path_linears = .*|box_path_linears = "fp32"|' pipeline.toml > fp32-linears.toml
+    step heads-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
+    step heads-parts scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/heads"
+    step heads-parts-fp32-linears scripts/gpu_run.sh "${times[@]}" --parts "DETR decoder" --config fp32-linears.toml \
+        --out "$RESULTS/heads-fp32-linears"
+    step heads-parity scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16
+    step heads-parity-fp32-linears scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16 \
+        config=fp32-linears.toml
+}
+
 stamped() {  # stamped TIMELINE COMMAND...: the command's output as it is, and each line with its second to TIMELINE
     local timeline=$1
     shift
@@ -257,7 +274,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -279,6 +296,7 @@ run_all() {
     [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
+    [[ $parts == *" heads "* ]] && { heads_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
@@ -341,5 +359,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] | wait SECONDS" >&2; exit 2 ;;
 esac

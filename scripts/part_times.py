@@ -1,10 +1,13 @@
-"""Each model part at one shape, compiled alone and timed, without a build: what `doit bench`'s by-part table
+"""Each model part at some shapes, compiled alone and timed, without a build: what `doit bench`'s by-part table
 measures (`[bench] model_parts`), for a machine with minutes, not a package. The model is the profile's
-random init in the build's precision recipe; each part gets the inputs one whole call gives it. One JSON line
-per part as soon as it is timed (a run stopped early keeps what it measured), then a markdown table.
+random init in the build's precision recipe (a pipeline.toml of your own with --config, e.g. another
+`[export] box_path_linears`); each part gets the inputs one whole call gives it. With --kernels N, the N
+kernels that take most of each part's GPU time (torch.profiler over the compiled part). One JSON line per
+part and shape as soon as it is measured (a run stopped early keeps what it measured), then a markdown table.
 
-Usage: python scripts/part_times.py --profile sam3 --precision bf16 --batch 1 --prompts 16 --out DIR
+Usage: python scripts/part_times.py --profile sam3 --precision bf16 --shapes 1x1,1x16 --out DIR
        [--parts "DETR encoder,DETR decoder,..."] (default: the per-pair parts first, the ViT last)
+       [--config PATH] [--kernels N]
 """
 
 import argparse
@@ -18,14 +21,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 ORDER = ("DETR encoder", "DETR decoder", "mask decoder", "scoring", "geometry encoder", "text encoder", "ViT")
 
 
+def shape_list(text: str) -> list[tuple[int, int]]:
+    try:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"{text!r}: give shapes as BxP[,BxP...], e.g. 1x1,1x16")
+    return shapes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--precision")
     parser.add_argument("--device")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--config", help="a pipeline.toml (default: the repository's)")
+    parser.add_argument("--shapes", type=shape_list, default=[(1, 16)], help="BxP[,BxP...] (default 1x16)")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--kernels", type=int, default=0, help="also list each part's N costliest kernels")
     parser.add_argument("--parts", default=",".join(ORDER))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -36,41 +50,57 @@ def main() -> None:
     from sam3_aoti.model.part_calls import record_part_calls
     from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs
     from sam3_aoti.pipeline.settings import load_settings
-    from sam3_aoti.stages.bench import gemm_tflops, time_part
+    from sam3_aoti.stages.bench import gemm_tflops, time_part, top_kernels
 
-    settings = load_settings(args.profile, args.device, args.precision, "random", None)
+    settings = load_settings(args.profile, args.device, args.precision, "random", args.config)
     device = settings.device
     t0 = time.perf_counter()
     model = build_model(settings).to(device)
     wrapper = Sam3Grounding.built_as(model, settings)
-    images, token_ids = example_inputs(model.config, args.batch, args.prompts, device=device)
-    parts = record_part_calls(wrapper, images, token_ids)
     gemm = gemm_tflops() if device == "cuda" else None
     args.out.mkdir(parents=True, exist_ok=True)
     lines = args.out / "part_times.jsonl"
-    head = {"profile": settings.profile, "precision": settings.precision, "device": device, "batch": args.batch,
-            "prompts": args.prompts, "bf16_gemm_tflops": gemm, "setup_s": round(time.perf_counter() - t0, 1),
+    head = {"profile": settings.profile, "precision": settings.precision, "device": device,
+            "export": settings.stage("export"), "bf16_gemm_tflops": gemm, "setup_s": round(time.perf_counter() - t0, 1),
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "torch": torch.__version__}
     lines.write_text(json.dumps(head) + "\n")
     print(json.dumps(head), flush=True)
-    rows = []
-    for name in args.parts.split(","):
-        t0 = time.perf_counter()
-        result = time_part(wrapper, parts[name], "compiled", {}, device, {"warmup": 3, "iters": args.iters}, gemm)
-        row = {"part": name, "share_of_gemm_rate": None, **result,
-               "compile_and_time_s": round(time.perf_counter() - t0, 1)}
-        rows.append(row)
-        with lines.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
-    table = ["| part | ms (p90) | GFLOP | TFLOP/s | share of GEMM rate |", "|---|---|---|---|---|"]
-    table += [f"| {r['part']} | {r['median_ms']} ({r['p90_ms']}) | {r['flop'] / 1e9:.4g} | {r['tflop_per_s']} | "
+    rows, compiled = [], {}  # one compile per part, kept across shapes (the second compiles with dynamic shapes)
+    for batch, prompts in args.shapes:
+        images, token_ids = example_inputs(model.config, batch, prompts, device=device)
+        parts = record_part_calls(wrapper, images, token_ids)
+        for name in args.parts.split(","):
+            t0 = time.perf_counter()
+            result = time_part(wrapper, parts[name], "compiled", compiled, device, {"warmup": 3, "iters": args.iters},
+                               gemm)
+            row = {"part": name, "batch": batch, "prompts": prompts, "share_of_gemm_rate": None, **result}
+            if args.kernels and device == "cuda":
+                runner = parts[name].compiled(None, compiled)  # the callables time_part compiled
+                row["kernels"] = top_kernels(runner.run, (), args.kernels)
+            row["compile_and_time_s"] = round(time.perf_counter() - t0, 1)
+            rows.append(row)
+            with lines.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    table = ["| B | P | part | ms (p90) | GFLOP | TFLOP/s | share of GEMM rate |", "|---|---|---|---|---|---|---|"]
+    table += [f"| {r['batch']} | {r['prompts']} | {r['part']} | {r['median_ms']} ({r['p90_ms']}) | "
+              f"{r['flop'] / 1e9:.4g} | {r['tflop_per_s']} | "
               f"{r['share_of_gemm_rate'] if r['share_of_gemm_rate'] is not None else '-'} |" for r in rows]
+    sums = [f"B = {b}, P = {p}: {sum(r['median_ms'] for r in rows if (r['batch'], r['prompts']) == (b, p)):.2f} ms"
+            for b, p in args.shapes]
+    kernels = []
+    for r in rows:
+        if "kernels" in r:
+            k = r["kernels"]
+            kernels += [f"\n### {r['part']}, B = {r['batch']}, P = {r['prompts']}: {k['kernel_ms_per_call']} ms of "
+                        f"kernels in {k['launches_per_call']} launches per call\n",
+                        "| kernel | ms per call | launches per call |", "|---|---|---|"]
+            kernels += [f"| `{t['kernel']}` | {t['ms_per_call']} | {t['launches_per_call']} |" for t in k["top"]]
     graphs = ", CUDA graphs" if device == "cuda" else ""
     (args.out / "part_times.md").write_text(
-        f"# {settings.profile} {settings.precision} on {head['gpu'] or device}, B = {args.batch}, P = {args.prompts}: "
-        f"each part compiled alone (torch.compile{graphs}), median of {args.iters}\n\n"
-        + "\n".join(table) + f"\n\nSum of parts: {sum(r['median_ms'] for r in rows):.2f} ms\n")
+        f"# {settings.profile} {settings.precision} on {head['gpu'] or device}: each part compiled alone "
+        f"(torch.compile{graphs}), median of {args.iters}\n\n" + "\n".join(table)
+        + "\n\nSum of the parts: " + "; ".join(sums) + "\n" + "\n".join(kernels) + "\n")
 
 
 if __name__ == "__main__":

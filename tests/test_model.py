@@ -25,15 +25,37 @@ def test_pair_i_is_image_i_div_p_with_prompt_i_mod_p(wrapper, tiny_model):
                 torch.testing.assert_close(got[i], want[0], atol=1e-5, rtol=1e-4)  # SDPA blocks differ per batch size
 
 
-def test_boxes_are_transformers_xyxy_as_cxcywh(wrapper, tiny_model):
-    images, token_ids = example_inputs(tiny_model.config, 1, 1, seed=3)
-    captured = {}
-    hook = tiny_model.register_forward_hook(lambda m, i, out: captured.update(boxes=out.pred_boxes))
+def test_the_wrapper_is_transformers_sam3model_with_the_empty_geometric_prompt(wrapper):
+    """What the wrapper changes in how Sam3Model runs changes no output: the DETR encoder's first
+    self-attention once per image instead of per pair, only the last decoder layer scored, boxes kept
+    cxcywh. The reference is `Sam3Model.forward` itself on a fresh copy of the model, fed the per-pair
+    vision features and the prompt with Meta's empty geometric prompt appended (as the wrapper appends it)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from transformers.models.sam3.modeling_sam3 import Sam3VisionEncoderOutput
+
+    from sam3_aoti.model.checkpoints import build_model
+    from sam3_aoti.pipeline.settings import load_settings
+
+    plain = build_model(load_settings(device="cpu")).eval()
+    batch, prompts = 2, 3
+    images, token_ids = example_inputs(plain.config, batch, prompts, seed=3)
+    mask = (token_ids != 0).long()
     with torch.no_grad():
-        boxes = wrapper(images, token_ids)[1]
-    hook.remove()
-    x1, y1, x2, y2 = captured["boxes"][0].unbind(-1)
-    torch.testing.assert_close(boxes[0], torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1))
+        ours = wrapper(images, token_ids)
+        vision = plain.get_vision_features(pixel_values=images)
+        geometry = wrapper.empty_geometry_prompt(vision)
+        text = plain.get_text_features(input_ids=token_ids, attention_mask=mask).pooler_output
+        pairs = [f.repeat_interleave(prompts, dim=0) for f in vision.fpn_hidden_states]
+        position = [p.repeat_interleave(prompts, dim=0) for p in vision.fpn_position_encoding]
+        out = plain(vision_embeds=Sam3VisionEncoderOutput(fpn_hidden_states=pairs, fpn_position_encoding=position),
+                    text_embeds=BaseModelOutputWithPooling(
+                        pooler_output=torch.cat([text.repeat(batch, 1, 1), geometry.repeat_interleave(prompts, 0)], 1)),
+                    attention_mask=torch.cat([mask.repeat(batch, 1), mask.new_ones(batch * prompts, 1)], dim=1))
+    x1, y1, x2, y2 = out.pred_boxes.unbind(-1)
+    theirs = (out.pred_logits.unsqueeze(-1), torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1),
+              out.pred_masks, out.presence_logits)
+    for name, got, want in zip(("logits", "boxes", "masks", "presence"), ours, theirs):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_text_prompts_carry_the_empty_geometric_prompt_as_metas_sam3_does(wrapper, tiny_model):
@@ -178,6 +200,31 @@ def test_a_bf16_build_can_run_the_decoders_attentions_in_bf16_and_keep_its_box_p
     assert 0 < box_gap < 2e-2, box_gap
 
 
+def test_a_bf16_build_can_run_the_decoders_linears_as_bf16_gemms_around_an_fp32_box_path(tiny_model):
+    """`box_path_linears = "bf16"`: every linear of the DETR decoder but its box and presence heads stores bf16
+    weights and runs a bf16 GEMM between fp32 activations (Meta's autocast recipe); the layer norms, the heads
+    and the box refinement stay fp32, and the boxes stay near the fp32 decoder's."""
+    from sam3_aoti.model.wrapper import BOX_PATH_FP32_LINEARS
+
+    images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=11)
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        fp32_linears = Sam3Grounding(copy.deepcopy(tiny_model), torch.bfloat16, box_path_attention="bf16").eval()
+        fast = Sam3Grounding(model, torch.bfloat16, box_path_attention="bf16", box_path_linears="bf16").eval()
+        reference, out = fp32_linears(images, token_ids), fast(images, token_ids)
+    decoder = model.detr_decoder
+    linears = {name: m for name, m in decoder.named_modules() if isinstance(m, torch.nn.Linear)}
+    kept = {name for name in linears if name.split(".")[0] in BOX_PATH_FP32_LINEARS}
+    assert kept and {linears[n].weight.dtype for n in kept} == {torch.float32}
+    assert {m.weight.dtype for n, m in linears.items() if n not in kept} == {torch.bfloat16}
+    assert decoder.layers[0].mlp.fc1.weight.dtype == torch.bfloat16 and decoder.box_rpb_embed_x.layer1.weight.dtype \
+        == torch.bfloat16
+    assert {p.dtype for name, p in decoder.named_parameters() if "norm" in name} == {torch.float32}
+    assert all(o.dtype == torch.float32 and o.isfinite().all() for o in out)
+    box_gap = float((out[1] - reference[1]).abs().max())
+    assert 0 < box_gap < 2e-2, box_gap
+
+
 def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
     """bench times the parts alone (model.part_calls): every part is found in one call, re-run alone gives what
     it gave inside the call, and the compiled re-run (what bench times) gives it too."""
@@ -193,8 +240,11 @@ def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, t
         for hook in hooks:
             hook.remove()
     assert list(parts) == list(MODEL_PARTS)
-    assert [len(parts[name].calls) for name in MODEL_PARTS] == [1, 2, 1, 1, 1, 1, 1]
+    # text: encoder and projection; DETR encoder: its per-image self-attention, then the encoder over the pairs
+    assert [len(parts[name].calls) for name in MODEL_PARTS] == [1, 2, 1, 2, 1, 1, 1]
     with torch.no_grad():
+        attended, _ = parts["DETR encoder"].run()
+        assert torch.equal(attended, wrapper.encode_image(images)[2])
         decoded, = parts["DETR decoder"].run()
         masks, = parts["mask decoder"].run()
         geometry, = parts["geometry encoder"].run()

@@ -2,9 +2,10 @@
 
 `model(images [B,3,S,S], token_ids [P,32])` -> (pred_logits [N,Q,1], pred_boxes [N,Q,4] cxcywh,
 pred_masks [N,Q,M,M], presence_logit_dec [N,1]) with N = B*P and pair i = (image i // P, prompt i % P),
-the conventions of Meta's SAM3 code. The vision encoder runs once per image and the text encoder once per
-prompt; only the DETR/mask heads see all N pairs. Those are the wrapper's three steps, `encode_image`,
-`encode_text` and `decode`, which `Part` exports alone for encode once / decode many.
+the conventions of Meta's SAM3 code. The vision encoder (and the DETR encoder's first self-attention, which
+sees no prompt) runs once per image and the text encoder once per prompt; only the rest of the DETR and the
+mask heads see all N pairs. Those are the wrapper's three steps, `encode_image`, `encode_text` and `decode`,
+which `Part` exports alone for encode once / decode many.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Sam3Config, Sam3Model
-from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3VisionEncoderOutput
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3DetrEncoderLayer, inverse_sigmoid
 
 from ..runtime.contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
 from ..runtime.tokenizer import CONTEXT_LENGTH, END, START
@@ -111,6 +112,30 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
         return super()._get_rpb_matrix(reference_boxes, (self.static_side, self.static_side))
 
 
+class _PerPairDetrEncoderLayer(Sam3DetrEncoderLayer):
+    """SAM3's first DETR encoder layer, split where the prompt comes in: its self-attention over the image
+    tokens sees no prompt, so `self_attend` runs it once per image (in `encode_image`), and `forward` runs
+    the rest (the cross-attention to the prompt and the MLP) once per (image, prompt) pair. The two halves
+    are transformers' `Sam3DetrEncoderLayer.forward`, line for line; the class is swapped in on the instance."""
+
+    def self_attend(self, level: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """`[B, C, H, W]` image features -> the same after the layer's self-attention (and its residual)."""
+        batch, channels, height, width = level.shape
+        tokens, position = level.flatten(2).transpose(1, 2), position.flatten(2).transpose(1, 2)
+        hidden = self.layer_norm1(tokens)
+        with_position = hidden + position
+        attended, _ = self.self_attn(query=with_position, key=with_position, value=hidden)
+        tokens = self.dropout(attended) + tokens
+        return tokens.transpose(1, 2).reshape(batch, channels, height, width)
+
+    def forward(self, vision_feats, prompt_feats, vision_pos_encoding, prompt_cross_attn_mask=None, **kwargs):
+        residual = vision_feats
+        hidden, _ = self.cross_attn(query=self.layer_norm2(vision_feats), key=prompt_feats, value=prompt_feats,
+                                    attention_mask=prompt_cross_attn_mask, **kwargs)
+        hidden = self.dropout(hidden) + residual
+        return self.dropout(self.mlp(self.layer_norm3(hidden))) + hidden
+
+
 def detr_side(config: Sam3Config) -> int:
     """Side of the one feature level the DETR sees (image / patch, scale 1.0)."""
     vit = config.vision_config.backbone_config
@@ -146,6 +171,33 @@ def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scal
     out = F.scaled_dot_product_attention(query.to(dtype), key.to(dtype), value.to(dtype), attn_mask=mask,
                                          scale=scaling, is_causal=causal and query.shape[2] > 1)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+class _LowPrecisionLinear(nn.Linear):
+    """A linear layer whose weights are stored in a low precision and whose GEMM runs in it, taking and giving
+    its caller's dtype: what autocast makes of `nn.Linear`, as a module export can trace."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+def linears_in(part: nn.Module, dtype: torch.dtype, keep: tuple[str, ...] = ()) -> list[str]:
+    """Run the linear layers of `part` (a module kept in fp32 in a bf16 build) as `dtype` GEMMs with fp32
+    inputs and outputs, all but those under the submodules named in `keep`. Everything between them (the
+    residual stream, the layer norms, the box refinement) stays fp32, as under Meta's bf16 autocast. Returns
+    the names of the linears changed."""
+    changed = []
+    for name, module in part.named_modules():
+        if isinstance(module, nn.Linear) and not any(name == k or name.startswith(k + ".") for k in keep):
+            module.to(dtype)
+            module.__class__ = _LowPrecisionLinear
+            changed.append(name)
+    return changed
+
+
+# The DETR decoder's linears a bf16 build keeps fp32 with `box_path_linears = "bf16"`: the heads that turn the
+# queries into box offsets and the presence logit (a few hundred FLOPs per query, read straight into outputs).
+BOX_PATH_FP32_LINEARS = ("box_head", "presence_head")
 
 
 def attention_in(part: nn.Module, dtype: torch.dtype) -> None:
@@ -215,13 +267,16 @@ class Sam3Grounding(nn.Module):
     """Flat, tensor-only signature around Sam3Model for export (see module docstring)."""
 
     def __init__(self, model: Sam3Model, dtype: torch.dtype = torch.float32, fp32_parts: tuple = FP32_IN_BF16,
-                 masked_attention: str = "sdpa", box_path_attention: str = "fp32", fp8_parts: tuple = ()):
+                 masked_attention: str = "sdpa", box_path_attention: str = "fp32", box_path_linears: str = "fp32",
+                 fp8_parts: tuple = ()):
         super().__init__()
         model.to(dtype)
         if dtype != torch.float32:
             keep_box_path_fp32(model, dtype, fp32_parts)
             if box_path_attention == "bf16" and masked_attention == "sdpa":
                 attention_in(model.detr_decoder, dtype)
+            if box_path_linears == "bf16" and "detr_decoder" in fp32_parts:
+                linears_in(model.detr_decoder, dtype, keep=BOX_PATH_FP32_LINEARS)
         if fp8_parts:  # precision=fp8: a bf16 build whose ViT linears are rowwise-scaled fp8 GEMMs (fp8.py)
             from .fp8 import quantize_linears
 
@@ -231,6 +286,7 @@ class Sam3Grounding(nn.Module):
         decoder = model.detr_decoder
         decoder.__class__ = _StaticShapeDetrDecoder
         decoder.static_side = detr_side(model.config)
+        model.detr_encoder.layers[0].__class__ = _PerPairDetrEncoderLayer
         set_masked_attention(model, masked_attention)
         self.model = model
 
@@ -245,17 +301,21 @@ class Sam3Grounding(nn.Module):
         """The wrapper the export stage exports: the build's precision and `[export]` attention choices."""
         opts = settings.stage("export")
         return cls.at(model, settings.spec, masked_attention=opts["masked_attention"],
-                      box_path_attention=opts["box_path_attention"]).eval()
+                      box_path_attention=opts["box_path_attention"],
+                      box_path_linears=opts["box_path_linears"]).eval()
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
         return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
 
     def encode_image(self, images: torch.Tensor):
-        """Per image, what the heads read of it: the three FPN levels they use, the position encoding of the
-        DETR's level, and the no-box geometry prompt (it attends to the image only)."""
+        """Per image, what the heads read of it: the two finer FPN levels (the mask decoder's), the DETR's
+        level after the DETR encoder's first self-attention (which sees no prompt), the position encoding of
+        that level, and the no-box geometry prompt (it attends to the image only)."""
         vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
-        levels = vision.fpn_hidden_states[:-1]  # Sam3Model drops the coarsest level
-        return (*levels, vision.fpn_position_encoding[-2], self.empty_geometry_prompt(vision))
+        level0, level1, level2 = vision.fpn_hidden_states[:-1]  # Sam3Model drops the coarsest level
+        position = vision.fpn_position_encoding[-2]
+        attended = self.model.detr_encoder.layers[0].self_attend(level2, position)
+        return level0, level1, attended, position, self.empty_geometry_prompt(vision)
 
     def encode_text(self, token_ids: torch.Tensor):
         """Per prompt: the text encoder's token features and their mask (`token_ids != 0`)."""
@@ -263,24 +323,33 @@ class Sam3Grounding(nn.Module):
         text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
         return text.pooler_output, attention_mask
 
-    def decode(self, level0, level1, level2, position, geometry, text_features, attention_mask):
-        """The heads over every (image, prompt) pair of encoded images and encoded prompts."""
-        batch, prompts = level0.shape[0], text_features.shape[0]
-        # pair i = (image i // P, prompt i % P); the coarsest level is a placeholder Sam3Model drops
-        levels = tuple(f.repeat_interleave(prompts, dim=0) for f in (level0, level1, level2))
-        position = position.repeat_interleave(prompts, dim=0)
-        per_pair_vision = Sam3VisionEncoderOutput(fpn_hidden_states=(*levels, levels[-1]),
-                                                  fpn_position_encoding=(position, position, position, position))
-        prompt = torch.cat([text_features.repeat(batch, 1, 1), geometry.repeat_interleave(prompts, dim=0)], dim=1)
-        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)], dim=1)
-        out = self.model(
-            vision_embeds=per_pair_vision,
-            text_embeds=BaseModelOutputWithPooling(pooler_output=prompt),
-            attention_mask=prompt_mask,
-        )
-        x1, y1, x2, y2 = out.pred_boxes.unbind(-1)
-        boxes_cxcywh = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dim=-1)
-        outputs = (out.pred_logits.unsqueeze(-1), boxes_cxcywh, out.pred_masks, out.presence_logits)
+    def decode(self, level0, level1, attended, position, geometry, text_features, attention_mask):
+        """The heads over every (image, prompt) pair of encoded images and encoded prompts: what
+        `Sam3Model.forward` runs after its encoders for a text prompt, with the boxes and scores of the last
+        decoder layer only (the model's outputs; Sam3Model scores all six and keeps the last)."""
+        model, batch, prompts = self.model, level0.shape[0], text_features.shape[0]
+
+        def pairs(image_tensor):  # pair i = (image i // P, prompt i % P)
+            return image_tensor.repeat_interleave(prompts, dim=0)
+
+        prompt = torch.cat([text_features.repeat(batch, 1, 1), pairs(geometry)], dim=1)
+        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)],
+                                dim=1).bool()
+        encoded = model.detr_encoder(vision_features=[pairs(attended)], text_features=prompt,
+                                     vision_pos_embeds=[pairs(position)], text_mask=prompt_mask)
+        decoded = model.detr_decoder(vision_features=encoded.last_hidden_state, text_features=prompt,
+                                     vision_pos_encoding=encoded.pos_embeds_flattened, text_mask=prompt_mask,
+                                     spatial_shapes=encoded.spatial_shapes)
+        queries = decoded.intermediate_hidden_states[-1]
+        offsets = model.detr_decoder.box_head(queries)
+        boxes_cxcywh = (inverse_sigmoid(decoded.reference_boxes[-1]) + offsets).sigmoid()
+        logits = model.dot_product_scoring(decoder_hidden_states=queries[None], text_features=prompt,
+                                           text_mask=prompt_mask)[0]
+        # the mask decoder reads only the shape of its last level: the DETR encoder's output takes its place
+        masks = model.mask_decoder(decoder_queries=queries, backbone_features=[pairs(level0), pairs(level1), attended],
+                                   encoder_hidden_states=encoded.last_hidden_state, prompt_features=prompt,
+                                   prompt_mask=prompt_mask).pred_masks
+        outputs = (logits, boxes_cxcywh, masks, decoded.presence_logits[-1])
         return tuple(o.float() for o in outputs)
 
     def empty_geometry_prompt(self, vision) -> torch.Tensor:
@@ -300,23 +369,35 @@ class Sam3Grounding(nn.Module):
         return encoder.output_layer_norm(prompt)
 
 
-# `model` = decode(*encode_image(images), *encode_text(token_ids)); each part and the Sam3Model children it reads
+# `model` = decode(*encode_image(images), *encode_text(token_ids)); each part and the Sam3Model submodules it reads
 PARTS = {
-    "encode_image": ("vision_encoder", "geometry_encoder"),
+    "encode_image": ("vision_encoder", "geometry_encoder", "detr_encoder.layers.0"),
     "encode_text": ("text_encoder", "text_projection"),
     "decode": ("detr_encoder", "detr_decoder", "mask_decoder", "dot_product_scoring"),
 }
 
 
+def _pruned(module: nn.Module, paths) -> nn.Module:
+    """A shallow copy of `module` holding only the submodules at the dotted `paths` (and what is above them),
+    under the same names and as the same objects."""
+    below: dict[str, list[str]] = {}
+    for path in paths:
+        head, _, rest = path.partition(".")
+        below.setdefault(head, []).append(rest)
+    view = copy.copy(module)
+    view._modules = {name: module._modules[name] if "" in rests else _pruned(module._modules[name], rests)
+                     for name, rests in below.items()}
+    return view
+
+
 class Part(nn.Module):
     """One part of `Sam3Grounding` as a module of its own, for export: a shallow copy of the grounding whose
-    model holds only the children the part reads (any other would fail the export by name). Its weights
+    model holds only the submodules the part reads (any other would fail the export by name). Its weights
     are the grounding's own tensors under the same names, so a package stores them once."""
 
     def __init__(self, grounding: Sam3Grounding, name: str):
         super().__init__()
-        model = copy.copy(grounding.model)
-        model._modules = {child: grounding.model.get_submodule(child) for child in PARTS[name]}
+        model = _pruned(grounding.model, PARTS[name])
         view = copy.copy(grounding)
         view._modules = {"model": model}
         self.model = model

@@ -147,6 +147,7 @@ SCHEMA = {
                                     "[batch, 3, height, width], each other size an integer from 2 to 8192", REQUIRED),
         "masked_attention": (*_choice("sdpa", "eager"), REQUIRED),
         "box_path_attention": (*_choice("fp32", "bf16"), REQUIRED),
+        "box_path_linears": (*_choice("fp32", "bf16"), REQUIRED),
         "split": (*_distinct(("tiny", "sam3"), "profiles"), OPTIONAL),
     }, REQUIRED),
     "compile": ({

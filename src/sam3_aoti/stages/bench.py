@@ -213,8 +213,9 @@ def gemm_tflops(iters: int = 10) -> float:
     return round(2 * 8192**3 / (ms * 1e-3) / 1e12, 1)
 
 
-def kernel_breakdown(fn, args, calls: int = 5) -> dict:
-    """GPU time per kernel category and launches, per call, from torch.profiler over `calls` calls."""
+def profiled_kernels(fn, args, calls: int = 5) -> tuple[list[tuple[str, float]], float]:
+    """Every GPU kernel of `calls` calls of `fn` (torch.profiler; copies and memsets left out) as (name, ms),
+    and the calls' wall time in ms (CUDA events)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -228,20 +229,37 @@ def kernel_breakdown(fn, args, calls: int = 5) -> dict:
                 fn(*args)
             end.record()
             torch.cuda.synchronize()
+    kernels = [(event.name, event.time_range.elapsed_us() / 1e3) for event in prof.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA
+               and not event.name.startswith(("Memcpy", "Memset"))]
+    return kernels, start.elapsed_time(end)
+
+
+def kernel_breakdown(fn, args, calls: int = 5) -> dict:
+    """GPU time per kernel category and launches, per call, from torch.profiler over `calls` calls."""
+    kernels, wall = profiled_kernels(fn, args, calls)
     categories: dict[str, float] = {}
-    launches = 0
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA or event.name.startswith(("Memcpy", "Memset")):
-            continue
-        launches += 1
-        name = event.name.lower()
-        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
-        categories[category] = categories.get(category, 0.0) + event.time_range.elapsed_us() / 1e3  # us -> ms
+    for name, ms in kernels:
+        lower = name.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in lower for k in keys)), "other")
+        categories[category] = categories.get(category, 0.0) + ms
     per_call = {c: round(ms / calls, 2) for c, ms in sorted(categories.items(), key=lambda kv: -kv[1])}
-    wall = start.elapsed_time(end) / calls
     busy = sum(per_call.values())
-    return {"kernel_ms_per_call": per_call, "launches_per_call": round(launches / calls),
-            "wall_ms_per_call": round(wall, 2), "gpu_idle_ms_per_call": round(max(wall - busy, 0.0), 2)}
+    return {"kernel_ms_per_call": per_call, "launches_per_call": round(len(kernels) / calls),
+            "wall_ms_per_call": round(wall / calls, 2), "gpu_idle_ms_per_call": round(max(wall / calls - busy, 0.0), 2)}
+
+
+def top_kernels(fn, args, count: int, calls: int = 5) -> dict:
+    """The `count` kernels that take most GPU time per call of `fn`, by name, with their launches per call."""
+    kernels, wall = profiled_kernels(fn, args, calls)
+    by_name: dict[str, list[float]] = {}
+    for name, ms in kernels:
+        by_name.setdefault(name, []).append(ms)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    return {"kernel_ms_per_call": round(sum(ms for _, ms in kernels) / calls, 3),
+            "launches_per_call": round(len(kernels) / calls), "wall_ms_per_call": round(wall / calls, 3),
+            "top": [{"kernel": name[:160], "ms_per_call": round(sum(times) / calls, 4),
+                     "launches_per_call": round(len(times) / calls, 1)} for name, times in ranked[:count]]}
 
 
 # How each consumer loads a package: ours, torch's by name, and `load_pt2` as a production loader calls it.
