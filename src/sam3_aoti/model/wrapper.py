@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Sam3Config, Sam3Model
-from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.sam3.modeling_sam3 import Sam3DetrDecoder, Sam3DetrEncoderLayer, inverse_sigmoid
 
 from ..runtime.contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
@@ -181,18 +180,14 @@ class _LowPrecisionLinear(nn.Linear):
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
-def linears_in(part: nn.Module, dtype: torch.dtype, keep: tuple[str, ...] = ()) -> list[str]:
+def linears_in(part: nn.Module, dtype: torch.dtype, keep: tuple[str, ...] = ()) -> None:
     """Run the linear layers of `part` (a module kept in fp32 in a bf16 build) as `dtype` GEMMs with fp32
     inputs and outputs, all but those under the submodules named in `keep`. Everything between them (the
-    residual stream, the layer norms, the box refinement) stays fp32, as under Meta's bf16 autocast. Returns
-    the names of the linears changed."""
-    changed = []
+    residual stream, the layer norms, the box refinement) stays fp32, as under Meta's bf16 autocast."""
     for name, module in part.named_modules():
         if isinstance(module, nn.Linear) and not any(name == k or name.startswith(k + ".") for k in keep):
             module.to(dtype)
             module.__class__ = _LowPrecisionLinear
-            changed.append(name)
-    return changed
 
 
 # The DETR decoder's linears a bf16 build keeps fp32 with `box_path_linears = "bf16"`: the heads that turn the
