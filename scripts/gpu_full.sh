@@ -32,7 +32,9 @@
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
-#          then bench of transformers eager and the AOTI columns, with the split models' own table
+#          then (once every other part has ended) bench of the eager and AOTI columns, with the split models' table
+#   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder) compiled alone
+#          at 1 x 1 and 1 x 16 without and with them (scripts/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
@@ -204,10 +206,20 @@ cache_part() {
     (cd "$WORK/cacheA" && scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md")
 }
 
-split_part() {  # the bf16 package with the split models ([export] split), from nothing, then bench with its parts
+split_part() {  # the bf16 package with the split models ([export] split), from nothing (its bench: run_all)
     cd "$WORK/split" && configure split '["tiny", "sam3"]' columns '["meta", "transformers", "aoti", "aoti_graphs"]' load_times false
-    timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine || return 1
-    timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
+    timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
+}
+
+levers_part() {  # no build: the parts [export] optimizations touch, without and with them; eager parity with them
+    local parts="DETR encoder,DETR decoder,mask decoder" times=(--python scripts/part_times.py
+        --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 8)
+    cd "$WORK/levers" && sed 's|^optimizations = .*|optimizations = []|' pipeline.toml > no-optimizations.toml
+    step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
+    step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config no-optimizations.toml \
+        --out "$RESULTS/levers-off"
+    step levers-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/levers-on"
+    step levers-parity scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16
 }
 
 heads_part() {
@@ -274,7 +286,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -297,7 +309,10 @@ run_all() {
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
     [[ $parts == *" heads "* ]] && { heads_part & pids+=($!); }
+    [[ $parts == *" levers "* ]] && { levers_part & pids+=($!); }
     wait "${pids[@]}"
+    [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status" \
+        && (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine)
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
     [[ $parts == *" parity "* ]] && after parity bf16 parity
@@ -359,5 +374,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -175,3 +175,39 @@ def test_predict_does_not_import_transformers_and_the_contract_not_torch(package
     proc = subprocess.run([sys.executable, "-c", "import sys, sam3_aoti.runtime.contract; print('torch' in sys.modules)"],
                           env=env, capture_output=True, text=True)
     assert proc.stdout.strip() == "False"
+
+
+EXPORTED_FALLBACK = BLOCKER.replace('"sam3_aoti", ', "") + textwrap.dedent("""
+    import torch
+    from sam3_aoti.runtime.loader import load_package
+
+    path, inputs_path, out_path = sys.argv[1:]
+    package = load_package(path, prefer_aoti=False)
+    images, token_ids = torch.load(inputs_path)
+    with torch.no_grad():
+        outputs = package.model(package.transforms(images), token_ids)
+    torch.save({"backends": package.backends, "outputs": list(outputs),
+                "modules": sorted(m for m in sys.modules if m.startswith(("sam3_aoti", "transformers")))}, out_path)
+""")
+
+
+def test_the_runtimes_exported_fallback_runs_the_box_bias_op_without_the_build(package_path, tmp_path):
+    """The exported programs call `sam3_aoti::box_bias_mlp` by name (`[export] optimizations`): the runtime
+    registers it itself, so its fallback deserializes and runs them with no transformers and none of the build's
+    modules, and gives what the AOTI models give."""
+    images = torch.rand(1, 3, 90, 120) * 255
+    token_ids = encode_prompts(["a person", "a rocket"])
+    torch.save((images, token_ids), tmp_path / "inputs.pt")
+    (tmp_path / "fallback.py").write_text(EXPORTED_FALLBACK)
+    env = {**clean_env(), "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "fallback.py", str(package_path), "inputs.pt", "out.pt"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert set(result["backends"].values()) == {"exported"}
+    assert "sam3_aoti.runtime.box_bias" in result["modules"]
+    assert not [m for m in result["modules"] if m.startswith(("transformers", "sam3_aoti.model", "sam3_aoti.pipeline"))]
+    with torch.no_grad():
+        ours = load_package(package_path).model(load_package(package_path).transforms(images), token_ids)
+    for theirs, mine in zip(result["outputs"], ours):
+        torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)

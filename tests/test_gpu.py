@@ -96,3 +96,27 @@ def test_parity_with_metas_sam3():
     report = json.loads((REPO / "artifacts" / "sam3-fp32-cuda" / "parity" / "parity.json").read_text())
     assert report["passed"], [row for row in report["rows"] if not row["ok"]]
     assert len(report["cases"]) >= 6 and all(case["top1_same"] == 1.0 for case in report["cases"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_box_bias_kernel_on_cuda_is_the_mlp_eager_and_compiled(dtype):
+    """`box_bias_kernel` on the GPU, as a bf16 or fp32 build runs it: the op (eager and under torch.compile, which
+    compiles the Triton kernel as AOTInductor does) against the MLP in fp32 at SAM3's sizes (256 wide, 8 heads,
+    200 queries, 72 coordinates)."""
+    import torch
+    from transformers.models.sam3.modeling_sam3 import Sam3DecoderMLP
+
+    from sam3_aoti.model.wrapper import _box_bias_mlp
+
+    torch.manual_seed(0)
+    mlp = Sam3DecoderMLP(2, 256, 8, 2).cuda()
+    deltas = torch.randn(3, 200, 72, 2, device="cuda")
+    with torch.no_grad():
+        want = mlp(deltas).permute(0, 3, 1, 2)
+        mlp.to(getattr(torch, dtype))
+        eager, compiled = _box_bias_mlp(deltas, mlp), torch.compile(_box_bias_mlp, fullgraph=True)(deltas, mlp)
+    tolerance = 1e-4 if dtype == "float32" else 3e-2 * float(want.abs().max())
+    for got in (eager, compiled):
+        assert got.shape == (3, 8, 200, 72) and got.dtype == torch.float32
+        assert float((got - want).abs().max()) < tolerance

@@ -225,6 +225,68 @@ def test_a_bf16_build_can_run_the_decoders_linears_as_bf16_gemms_around_an_fp32_
     assert 0 < box_gap < 2e-2, box_gap
 
 
+def test_the_optimizations_compute_what_transformers_does(tiny_model):
+    """`[export] optimizations`: each swaps in its code (the box-bias MLPs through the op `sam3_aoti::box_bias_mlp`,
+    the DETR encoder's MLPs as GEMMs with a ReLU epilogue), and together they give transformers' outputs. A box
+    bias off by 0.1 % moves them, so the comparison sees the decoder's bias."""
+    import sam3_aoti.runtime.box_bias as box_bias
+    from sam3_aoti.model.wrapper import _ReluEpilogueMLP
+    from sam3_aoti.pipeline.schema import OPTIMIZATIONS
+
+    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
+    plain = Sam3Grounding(copy.deepcopy(tiny_model)).eval()
+    fast = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=OPTIMIZATIONS).eval()
+    model = fast.model
+    mlps = [layer.mlp for layer in model.detr_encoder.layers]
+    assert mlps and all(type(mlp) is _ReluEpilogueMLP for mlp in mlps)
+    calls = []
+    layers = box_bias.linear_layers
+    with torch.no_grad():
+        want = plain(images, token_ids)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(box_bias, "linear_layers", lambda *args: calls.append(args[0].shape) or layers(*args))
+            got = fast(images, token_ids)
+            patch.setattr(box_bias, "linear_layers", lambda *args: layers(*args) * 1.001)
+            off = fast(images, token_ids)
+    assert len(calls) == 2 * len(model.detr_decoder.layers)  # the x and y MLPs of every layer
+    for name, g, w in zip(("logits", "boxes", "masks", "presence"), got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
+    assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
+    with pytest.raises(ValueError, match="unknown optimizations"):
+        Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
+
+
+TRITON_KERNEL_CHECK = """
+import torch
+from transformers.models.sam3.modeling_sam3 import Sam3DecoderMLP
+from sam3_aoti.runtime.box_bias import launch_box_bias
+torch.manual_seed(0)
+for hidden, heads in [(32, 2), (256, 8), (48, 3)]:
+    mlp = Sam3DecoderMLP(2, hidden, heads, 2)
+    for p in mlp.parameters():
+        p.data.normal_()
+    deltas = torch.randn(3, 5, 7, 2)
+    got = launch_box_bias(deltas, mlp.layer1.weight, mlp.layer1.bias, mlp.layer2.weight, mlp.layer2.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(got, mlp(deltas).permute(0, 3, 1, 2), atol=1e-4, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_the_box_bias_kernel_is_the_mlp_in_tritons_interpreter():
+    """The Triton kernel of the op `sam3_aoti::box_bias_mlp`, run by Triton's CPU interpreter (`TRITON_INTERPRET=1`), gives the
+    MLP's output in `[N, heads, Q, side]` for widths that are and are not powers of two (fp32 weights: the
+    interpreter's bf16 dot is wrong; tests/test_gpu.py checks bf16 on CUDA)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", TRITON_KERNEL_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
 def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
     """bench times the parts alone (model.part_calls): every part is found in one call, re-run alone gives what
     it gave inside the call, and the compiled re-run (what bench times) gives it too."""

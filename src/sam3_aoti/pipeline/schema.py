@@ -78,8 +78,9 @@ def _pairs():
             "a list of [batch, prompts] pairs of integers from 1 to 1024, e.g. [[1, 1], [2, 3]]")
 
 
-def _distinct(choices, what: str):
-    return ((lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v) and all(c in choices for c in v)),
+def _distinct(choices, what: str, empty: bool = False):
+    return ((lambda v: isinstance(v, list) and (empty or bool(v)) and len(set(v)) == len(v)
+             and all(c in choices for c in v)),
             f"a list of distinct {what} from {', '.join(map(repr, choices))}")
 
 
@@ -113,6 +114,8 @@ PARITY_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.parity)  #
 
 # A table's keys: name -> (check, what the value must be, required). "*": one child table per name of the set.
 REQUIRED, OPTIONAL = True, False
+# What `[export] optimizations` may name: model.wrapper.optimize swaps each in (same arithmetic, faster kernels)
+OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue")
 PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}
 VERIFY_TOLERANCES = {
     "max_abs": (*TOLERANCE, REQUIRED), "max_rel": (*TOLERANCE, OPTIONAL), "pearson_min": (*UNIT, REQUIRED),
@@ -149,6 +152,7 @@ SCHEMA = {
         "box_path_attention": (*_choice("fp32", "bf16"), REQUIRED),
         "box_path_linears": (*_choice("fp32", "bf16"), REQUIRED),
         "split": (*_distinct(("tiny", "sam3"), "profiles"), OPTIONAL),
+        "optimizations": (*_distinct(OPTIMIZATIONS, "optimizations", empty=True), OPTIONAL),
     }, REQUIRED),
     "compile": ({
         "inductor": (*_inductor(), REQUIRED),
