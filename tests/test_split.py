@@ -112,6 +112,23 @@ def test_the_weights_are_stored_once_and_read_by_the_parts_in_place(package_path
         assert constants and all(model[k] == v.data_ptr() for k, v in constants.items())
 
 
+def test_the_fallback_stores_each_tensor_once(package_path, package):
+    """The exported archive (the fallback) writes model's tensors once: the parts' configs name model's files,
+    and no two tensor files hold the same bytes (torch's `package_pt2` wrote them again for every program)."""
+    from sam3_aoti.aoti.weights_blob import tensor_entries
+    from sam3_aoti.runtime.archive import fallback_of
+    from sam3_aoti.stages.export import TENSOR_FILES
+
+    with zipfile.ZipFile(fallback_of(package_path)) as archive:
+        entries = {name: tensor_entries(archive, name) for name in ("model", *PART_NAMES)}
+        files = [i for i in archive.infolist() if i.filename.split("/", 1)[1].startswith(TENSOR_FILES)]
+        contents = [archive.read(i) for i in files]
+    for name in PART_NAMES:
+        assert entries[name] and all(entries["model"][fqn] == entry for fqn, entry in entries[name].items())
+    assert len(set(contents)) == len(contents)
+    assert {e for table in entries.values() for e in table.values()} == {i.filename for i in files}
+
+
 def test_graphs_are_skipped_without_cuda_and_the_fallback_has_the_parts(package):
     assert package.cuda_graphs.startswith("off") and package.graph_runner is None
     fallback = package.exported_only()

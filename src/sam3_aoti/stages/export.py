@@ -164,8 +164,9 @@ def run(settings: Settings) -> None:
 def save_programs(programs: dict, path) -> None:
     """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
     and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
-    program digest) is left out."""
-    from torch.export.pt2_archive._package import package_pt2
+    program digest) is left out. Each tensor's bytes are stored once (`shared_tensor_writer`): the split
+    models hold model's own tensors, which torch's `package_pt2` writes again for every program."""
+    from torch.export.pt2_archive._package import _package_exported_programs
     from torch.fx import GraphModule
 
     for program in programs.values():
@@ -173,7 +174,48 @@ def save_programs(programs: dict, path) -> None:
             if isinstance(module, GraphModule):
                 for node in module.graph.nodes:
                     node.meta.pop("stack_trace", None)
-    package_pt2(str(path), exported_programs=programs)
+    with shared_tensor_writer(str(path)) as writer:
+        _package_exported_programs(writer, programs)
+
+
+TENSOR_FILES = ("data/weights/weight_", "data/constants/tensor_")  # a program's tensors' bytes, one per file
+
+
+def shared_tensor_writer(path: str):
+    """torch's PT2 archive writer, storing equal tensor files once: a file whose bytes an earlier one holds is
+    not written, and the weights and constants configs written after it name the earlier file instead (each
+    program still loads its own tensors from them). torch numbers the files by counting those written, so
+    the ones left out count too."""
+    from torch.export.pt2_archive._package import PT2ArchiveWriter
+
+    class SharedTensorWriter(PT2ArchiveWriter):
+        def __init__(self, target):
+            super().__init__(target)
+            self.first: dict[tuple[str, bytes], str] = {}  # (kind, sha256) -> the file holding those bytes
+            self.same_as: dict[str, str] = {}  # a file left out -> the file holding its bytes
+
+        def count_prefix(self, prefix: str) -> int:
+            return super().count_prefix(prefix) + sum(name.startswith(prefix) for name in self.same_as)
+
+        def write_bytes(self, name: str, data: bytes) -> None:
+            kind = next((k for k in TENSOR_FILES if name.startswith(k)), None)
+            if kind:
+                key = (kind, hashlib.sha256(data).digest())
+                if key in self.first:
+                    self.same_as[name] = self.first[key]
+                    return
+                self.first[key] = name
+            elif name.startswith(("data/weights/", "data/constants/")) and name.endswith("_config.json"):
+                data = self.repointed(name.rsplit("/", 1)[0] + "/", data)
+            super().write_bytes(name, data)
+
+        def repointed(self, folder: str, config: bytes) -> bytes:
+            payload = json.loads(config)
+            for meta in payload["config"].values():
+                meta["path_name"] = self.same_as.get(folder + meta["path_name"], folder + meta["path_name"])[len(folder):]
+            return json.dumps(payload).encode()
+
+    return SharedTensorWriter(path)
 
 
 # Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
@@ -189,10 +231,21 @@ def program_digest(archive: Path, programs: dict) -> dict:
     with zipfile.ZipFile(archive) as zf:
         for inner, name in sorted(archive_entries(zf).items()):
             if not inner.startswith(VALUE_ENTRIES):
-                h.update(inner.encode() + b"\0" + zf.read(name) + b"\0")
+                h.update(inner.encode() + b"\0" + layout_only(inner, zf.read(name)) + b"\0")
     signature = {name: io_signature(program) for name, program in programs.items()}
     h.update(json.dumps(signature, sort_keys=True).encode())
     return {"sha256": h.hexdigest(), "programs": signature}
+
+
+def layout_only(inner: str, data: bytes) -> bytes:
+    """A tensor config without its files' names: which file holds a tensor's bytes depends on the values
+    (equal tensors share one, `shared_tensor_writer`), its layout does not."""
+    if not (inner.startswith(("data/weights/", "data/constants/")) and inner.endswith("_config.json")):
+        return data
+    payload = json.loads(data)
+    for meta in payload["config"].values():
+        meta.pop("path_name", None)
+    return json.dumps(payload, sort_keys=True).encode()
 
 
 def io_signature(program) -> dict:
