@@ -181,6 +181,11 @@ def save_programs(programs: dict, path) -> None:
 TENSOR_FILES = ("data/weights/weight_", "data/constants/tensor_")  # a program's tensors' bytes, one per file
 
 
+def is_tensor_config(inner: str) -> bool:
+    """A program's weights or constants config: each tensor's layout and the file holding its bytes."""
+    return inner.startswith(("data/weights/", "data/constants/")) and inner.endswith("_config.json")
+
+
 def shared_tensor_writer(path: str):
     """torch's PT2 archive writer, storing equal tensor files once: a file whose bytes an earlier one holds is
     not written, and the weights and constants configs written after it name the earlier file instead (each
@@ -205,14 +210,15 @@ def shared_tensor_writer(path: str):
                     self.same_as[name] = self.first[key]
                     return
                 self.first[key] = name
-            elif name.startswith(("data/weights/", "data/constants/")) and name.endswith("_config.json"):
+            elif is_tensor_config(name):
                 data = self.repointed(name.rsplit("/", 1)[0] + "/", data)
             super().write_bytes(name, data)
 
         def repointed(self, folder: str, config: bytes) -> bytes:
             payload = json.loads(config)
             for meta in payload["config"].values():
-                meta["path_name"] = self.same_as.get(folder + meta["path_name"], folder + meta["path_name"])[len(folder):]
+                stored = folder + meta["path_name"]
+                meta["path_name"] = self.same_as.get(stored, stored)[len(folder):]
             return json.dumps(payload).encode()
 
     return SharedTensorWriter(path)
@@ -220,7 +226,7 @@ def shared_tensor_writer(path: str):
 
 # Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
 # compiled code does not depend on them, so the program digest leaves them out.
-VALUE_ENTRIES = ("data/weights/weight_", "data/constants/tensor_", "data/sample_inputs/", ".data/serialization_id")
+VALUE_ENTRIES = (*TENSOR_FILES, "data/sample_inputs/", ".data/serialization_id")
 
 
 def program_digest(archive: Path, programs: dict) -> dict:
@@ -240,7 +246,7 @@ def program_digest(archive: Path, programs: dict) -> dict:
 def layout_only(inner: str, data: bytes) -> bytes:
     """A tensor config without its files' names: which file holds a tensor's bytes depends on the values
     (equal tensors share one, `shared_tensor_writer`), its layout does not."""
-    if not (inner.startswith(("data/weights/", "data/constants/")) and inner.endswith("_config.json")):
+    if not is_tensor_config(inner):
         return data
     payload = json.loads(data)
     for meta in payload["config"].values():
