@@ -45,6 +45,9 @@ copy logs/tiny-cpp-consumer.log tiny-cpp-consumer.log
 copy logs/tiny-gpu-tests.log tiny-gpu-tests.log
 copy logs/sdpa-backends.json sdpa-backends.json
 copy logs/sdpa-backends.log sdpa-backends.txt
+copy logs/attention/attention-kernel.json attention-kernel.json
+copy logs/attention/attention-kernel.md attention-kernel.md
+copy logs/attention-gpu-tests.log attention-gpu-tests.log
 copy nvidia-smi.txt nvidia-smi.txt
 for run in cold warm; do
     [[ -f $staging/logs/compiled-$run.json ]] && compile_facts "$staging/logs/compiled-$run.json" "$dest/compile-$run.json"

@@ -2,6 +2,8 @@
 # Every H200 figure the README reports, in one detached run. Each part builds in its own copy of the
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
 #   sdpa:  first and alone on the GPU: scripts/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
+#   attention: alone on the GPU, after sdpa: scripts/attention_kernel.py (the op sam3_aoti::attention against
+#          SDPA, every block config) and the GPU tests of the project's Triton ops
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
@@ -32,9 +34,11 @@
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
-#          then (once every other part has ended) bench of the eager and AOTI columns, with the split models' table
+#          then (once every other part has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
+#          list, picks others), with the split models' table
 #   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder) compiled alone
-#          at 1 x 1 and 1 x 16 without and with them (scripts/part_times.py), then eager parity with them
+#          at 1 x 1 and 1 x 16 without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's
+#          (scripts/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
@@ -207,14 +211,15 @@ cache_part() {
 }
 
 split_part() {  # the bf16 package with the split models ([export] split), from nothing (its bench: run_all)
-    cd "$WORK/split" && configure split '["tiny", "sam3"]' columns '["meta", "transformers", "aoti", "aoti_graphs"]' load_times false
+    local columns=${SPLIT_COLUMNS:-'["meta", "transformers", "aoti", "aoti_graphs"]'}
+    cd "$WORK/split" && configure split '["tiny", "sam3"]' columns "$columns" load_times false
     timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
 }
 
 levers_part() {  # no build: the parts [export] optimizations touch, without and with them; eager parity with them
     local parts="DETR encoder,DETR decoder,mask decoder" times=(--python scripts/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 8)
-    cd "$WORK/levers" && sed 's|^optimizations = .*|optimizations = []|' pipeline.toml > no-optimizations.toml
+    cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > no-optimizations.toml
     step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
     step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config no-optimizations.toml \
         --out "$RESULTS/levers-off"
@@ -286,12 +291,15 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
+    [[ $parts == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
+        scripts/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
+        -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
         -k scaled_mm)
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
@@ -374,5 +382,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
 esac

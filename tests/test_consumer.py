@@ -191,9 +191,9 @@ EXPORTED_FALLBACK = BLOCKER.replace('"sam3_aoti", ', "") + textwrap.dedent("""
 """)
 
 
-def test_the_runtimes_exported_fallback_runs_the_box_bias_op_without_the_build(package_path, tmp_path):
-    """The exported programs call `sam3_aoti::box_bias_mlp` by name (`[export] optimizations`): the runtime
-    registers it itself, so its fallback deserializes and runs them with no transformers and none of the build's
+def test_the_runtimes_exported_fallback_runs_the_projects_ops_without_the_build(package_path, tmp_path):
+    """The exported programs call `sam3_aoti::box_bias_mlp` and `sam3_aoti::attention` by name (`[export]
+    optimizations`): the runtime registers them itself, so its fallback deserializes and runs them with no transformers and none of the build's
     modules, and gives what the AOTI models give."""
     images = torch.rand(1, 3, 90, 120) * 255
     token_ids = encode_prompts(["a person", "a rocket"])
@@ -205,7 +205,7 @@ def test_the_runtimes_exported_fallback_runs_the_box_bias_op_without_the_build(p
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = torch.load(tmp_path / "out.pt")
     assert set(result["backends"].values()) == {"exported"}
-    assert "sam3_aoti.runtime.box_bias" in result["modules"]
+    assert {"sam3_aoti.runtime.box_bias", "sam3_aoti.runtime.attention"} <= set(result["modules"])
     assert not [m for m in result["modules"] if m.startswith(("transformers", "sam3_aoti.model", "sam3_aoti.pipeline"))]
     package = load_package(package_path)
     with torch.no_grad():

@@ -227,10 +227,12 @@ def test_a_bf16_build_can_run_the_decoders_linears_as_bf16_gemms_around_an_fp32_
 
 def test_the_optimizations_compute_what_transformers_does(tiny_model):
     """`[export] optimizations`: each swaps in its code (the box-bias MLPs through the op `sam3_aoti::box_bias_mlp`,
-    the DETR encoder's MLPs as GEMMs with a ReLU epilogue), and together they give transformers' outputs. A box
-    bias off by 0.1 % moves them, so the comparison sees the decoder's bias."""
+    the DETR encoder's MLPs as GEMMs with a ReLU epilogue, its self-attentions and the decoder's box-biased
+    cross-attentions through the op `sam3_aoti::attention`), and together they give transformers' outputs. A
+    box bias or an attention off by 0.1 % moves them, so the comparison sees both ops."""
+    import sam3_aoti.runtime.attention as attention
     import sam3_aoti.runtime.box_bias as box_bias
-    from sam3_aoti.model.wrapper import _ReluEpilogueMLP
+    from sam3_aoti.model.wrapper import _GridBiasAttention, _ReluEpilogueMLP
     from sam3_aoti.pipeline.schema import OPTIMIZATIONS
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
@@ -239,19 +241,28 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     model = fast.model
     mlps = [layer.mlp for layer in model.detr_encoder.layers]
     assert mlps and all(type(mlp) is _ReluEpilogueMLP for mlp in mlps)
+    assert all(type(layer.vision_cross_attn) is _GridBiasAttention for layer in model.detr_decoder.layers)
     calls = []
-    layers = box_bias.linear_layers
+    layers, sdpa = box_bias.linear_layers, attention.reference
     with torch.no_grad():
         want = plain(images, token_ids)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(box_bias, "linear_layers", lambda *args: calls.append(args[0].shape) or layers(*args))
+            patch.setattr(box_bias, "linear_layers", lambda *args: calls.append("mlp") or layers(*args))
+            patch.setattr(attention, "reference", lambda *args: calls.append(args[4] is not None) or sdpa(*args))
             got = fast(images, token_ids)
             patch.setattr(box_bias, "linear_layers", lambda *args: layers(*args) * 1.001)
-            off = fast(images, token_ids)
-    assert len(calls) == 2 * len(model.detr_decoder.layers)  # the x and y MLPs of every layer
+            patch.setattr(attention, "reference", sdpa)
+            off_bias = fast(images, token_ids)
+            patch.setattr(box_bias, "linear_layers", layers)
+            patch.setattr(attention, "reference", lambda *args: sdpa(*args) * 1.001)
+            off_attention = fast(images, token_ids)
+    decoder_layers, encoder_layers = len(model.detr_decoder.layers), len(model.detr_encoder.layers)
+    assert calls.count("mlp") == 2 * decoder_layers  # the x and y MLPs of every layer
+    assert calls.count(True) == decoder_layers and calls.count(False) == encoder_layers  # biased, plain
     for name, g, w in zip(("logits", "boxes", "masks", "presence"), got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
-    assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
+    for off in (off_bias, off_attention):
+        assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
     with pytest.raises(ValueError, match="unknown optimizations"):
         Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
 
@@ -283,6 +294,56 @@ def test_the_box_bias_kernel_is_the_mlp_in_tritons_interpreter():
     import sys
 
     proc = subprocess.run([sys.executable, "-c", TRITON_KERNEL_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_bench_counts_the_flops_inside_the_projects_ops():
+    """bench's FLOPs per part (FlopCounterMode) see an op of the project as one call: each registers its count,
+    attention as SDPA's (4 B H Lq Lk D) and the box-bias MLP as its two linear layers'."""
+    import sam3_aoti.runtime.box_bias as box_bias
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def counted(fn, *args) -> int:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            fn(*args)
+        return counter.get_total_flops()
+
+    q, k, v = torch.randn(2, 4, 40, 16), torch.randn(2, 4, 64, 16), torch.randn(2, 4, 64, 16)
+    tables = torch.randn(2, 4, 40, 8), torch.randn(2, 4, 40, 8)
+    assert counted(torch.ops.sam3_aoti.attention, q, k, v, 0.25, *tables) == 4 * 2 * 4 * 40 * 64 * 16
+    mlp = torch.randn(2, 5, 7, 2), torch.randn(32, 2), torch.randn(32), torch.randn(4, 32), torch.randn(4)
+    assert counted(torch.ops.sam3_aoti.box_bias_mlp, *mlp) == counted(box_bias.linear_layers, *mlp) > 0
+
+
+ATTENTION_KERNEL_CHECK = """
+import torch
+from sam3_aoti.runtime.attention import launch_attention, reference
+torch.manual_seed(0)
+# (pairs, heads, queries, grid rows, grid side, head dim, config): uneven and even key blocks, a non-square grid
+for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1, 2, 40, 3, 16, 16, (32, 16, 4, 1)),
+                                        (2, 2, 64, 8, 8, 32, (32, 32, 4, 1)), (1, 2, 20, 9, 8, 32, (16, 64, 4, 1))]:
+    q, k, v = (torch.randn(n, length, h, d).transpose(1, 2) for length in (lq, rows * side, rows * side))
+    tables = torch.randn(n, h, lq, rows), torch.randn(n, h, lq, side)
+    for bias in (tables, (None, None)):
+        got = launch_attention(q, k, v, 0.3, *bias, config=config)
+        assert got.shape == (n, lq, h, d)
+        torch.testing.assert_close(got, reference(q, k, v, 0.3, *bias), atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_the_attention_kernel_is_sdpa_in_tritons_interpreter():
+    """The Triton kernel of the op `sam3_aoti::attention`, run by Triton's CPU interpreter, is SDPA on strided
+    `[B, H, L, D]` views, with a grid bias from a non-square pair of tables and without one, for key lengths
+    that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", ATTENTION_KERNEL_CHECK], capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 

@@ -16,8 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Sam3Config, Sam3Model
+from transformers import AttentionInterface, Sam3Config, Sam3Model
 from transformers.models.sam3.modeling_sam3 import (
+    Sam3Attention,
     Sam3DetrDecoder,
     Sam3DetrEncoderLayer,
     Sam3MLP,
@@ -26,7 +27,7 @@ from transformers.models.sam3.modeling_sam3 import (
 )
 
 from ..pipeline.schema import OPTIMIZATIONS
-from ..runtime import box_bias  # noqa: F401  (registers the op sam3_aoti::box_bias_mlp)
+from ..runtime import attention, box_bias  # registers the ops sam3_aoti::attention and sam3_aoti::box_bias_mlp
 from ..runtime.contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
 from ..runtime.tokenizer import CONTEXT_LENGTH, END, START
 
@@ -115,16 +116,20 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
     """
 
     static_side: int
-    fused_box_bias: bool = False
+    fused_box_bias: bool = False  # `box_bias_kernel`: the MLPs through the op sam3_aoti::box_bias_mlp
+    bias_tables: bool = False  # `grid_bias_attention`: hand the attention the per-axis tables, not their sum
 
     def _get_rpb_matrix(self, reference_boxes, spatial_shape):
-        if not self.fused_box_bias:
+        if not (self.fused_box_bias or self.bias_tables):
             return super()._get_rpb_matrix(reference_boxes, (self.static_side, self.static_side))
-        return self._box_bias(reference_boxes)
+        bias_y, bias_x = self._axis_biases(reference_boxes)
+        if self.bias_tables:  # [N, heads, Q, 2 * side]; the decoder pads the presence row on, as on the sum
+            return torch.cat([bias_y, bias_x], -1)
+        return attention.grid_bias(bias_y, bias_x)
 
-    def _box_bias(self, reference_boxes: torch.Tensor) -> torch.Tensor:
-        """transformers' `_get_rpb_matrix` (`[N, heads, Q, side * side]`) with each MLP as one fused kernel
-        (`runtime.box_bias`), whose `[N, heads, Q, side]` output the bias is summed from, in its final layout."""
+    def _axis_biases(self, reference_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' `_get_rpb_matrix` up to its last sum: the y and x tables (`[N, heads, Q, side]` each,
+        from the MLPs as one fused kernel with `box_bias_kernel`), whose broadcast sum is the bias."""
         side = self.static_side
         coords = torch.arange(side, device=reference_boxes.device, dtype=reference_boxes.dtype) / side
         edges = box_cxcywh_to_xyxy(reference_boxes)
@@ -133,9 +138,27 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
             deltas = (coords[:, None] - box_edges[:, :, None, :]) * 8
             return torch.sign(deltas) * torch.log2(deltas.abs() + 1.0) / math.log2(8)
 
-        bias_x = _box_bias_mlp(log_scaled(edges[..., 0::2]), self.box_rpb_embed_x)
-        bias_y = _box_bias_mlp(log_scaled(edges[..., 1::2]), self.box_rpb_embed_y)
-        return (bias_y[..., :, None] + bias_x[..., None, :]).flatten(-2)
+        mlp = _box_bias_mlp if self.fused_box_bias else _box_bias_linears
+        return (mlp(log_scaled(edges[..., 1::2]), self.box_rpb_embed_y),
+                mlp(log_scaled(edges[..., 0::2]), self.box_rpb_embed_x))
+
+
+class _GridBiasAttention(Sam3Attention):
+    """The DETR decoder's vision cross-attention on the op `sam3_aoti::attention` with the box bias as its two
+    per-axis tables (`_StaticShapeDetrDecoder.bias_tables`: the mask is `[N, heads, 1 + Q, 2 * side]`, the
+    y table then the x table, the presence row zero), so the `[N, heads, 1 + Q, side * side]` sum is never
+    stored. The projections are transformers' `Sam3Attention.forward`; the class is swapped in on the instance."""
+
+    def forward(self, query, key, value, attention_mask=None, **kwargs):
+        batch, query_len, key_len = query.shape[0], query.shape[1], key.shape[1]
+        heads, head_dim = self.num_attention_heads, self.head_dim
+        dtype = getattr(self, "attention_dtype", query.dtype)  # set by `attention_in`
+        q = self.q_proj(query).view(batch, query_len, heads, head_dim).transpose(1, 2)
+        k = self.k_proj(key).view(batch, key_len, heads, head_dim).transpose(1, 2)
+        v = self.v_proj(value).view(batch, key_len, heads, head_dim).transpose(1, 2)
+        bias_y, bias_x = attention_mask.float().chunk(2, dim=-1)
+        out = torch.ops.sam3_aoti.attention(q.to(dtype), k.to(dtype), v.to(dtype), self.scaling, bias_y, bias_x)
+        return self.o_proj(out.to(query.dtype).reshape(batch, query_len, heads * head_dim)), None
 
 
 class _PerPairDetrEncoderLayer(Sam3DetrEncoderLayer):
@@ -168,6 +191,23 @@ def _box_bias_mlp(deltas: torch.Tensor, mlp: nn.Module) -> torch.Tensor:
                                             mlp.layer2.bias)
 
 
+def _box_bias_linears(deltas: torch.Tensor, mlp: nn.Module) -> torch.Tensor:
+    """The same MLP as transformers runs it, in the op's `[N, heads, Q, side]` layout."""
+    return mlp(deltas).permute(0, 3, 1, 2)
+
+
+KERNEL_ATTENTION = "sam3_aoti_attention"
+
+
+def kernel_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention interface on the op `sam3_aoti::attention` (unmasked: the DETR encoder's
+    self-attention over the image tokens, `attention_kernel`), which returns SDPA's `[B, L, H, D]` layout."""
+    if attention_mask is not None:
+        raise ValueError("the attention kernel takes no mask")
+    scale = module.scaling if scaling is None else scaling
+    return torch.ops.sam3_aoti.attention(query, key, value, scale), None
+
+
 class _ReluEpilogueMLP(Sam3MLP):
     """Sam3MLP (ReLU) whose first layer, bias and ReLU are one cuBLASLt GEMM with a ReLU epilogue
     (`torch._addmm_activation`, an op AOTInductor calls through its C shim): Inductor otherwise stores the
@@ -186,6 +226,14 @@ def optimize(model: Sam3Model, optimizations) -> None:
     if unknown:
         raise ValueError(f"unknown optimizations {sorted(unknown)}: choose from {list(OPTIMIZATIONS)}")
     model.detr_decoder.fused_box_bias = "box_bias_kernel" in optimizations
+    model.detr_decoder.bias_tables = "grid_bias_attention" in optimizations
+    if "grid_bias_attention" in optimizations:
+        for layer in model.detr_decoder.layers:
+            layer.vision_cross_attn.__class__ = _GridBiasAttention
+    if "attention_kernel" in optimizations:
+        AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
+        for layer in model.detr_encoder.layers:  # their configs are their own (`set_masked_attention`)
+            layer.self_attn.config._attn_implementation = KERNEL_ATTENTION
     if "relu_epilogue" in optimizations:
         for module in model.detr_encoder.modules():
             if type(module) is Sam3MLP and isinstance(module.activation_fn, nn.ReLU):
@@ -264,7 +312,7 @@ def attention_in(part: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _register_dense_mask_sdpa() -> None:
-    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers import AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(DENSE_MASK_SDPA, dense_mask_sdpa)
@@ -339,8 +387,8 @@ class Sam3Grounding(nn.Module):
         decoder.__class__ = _StaticShapeDetrDecoder
         decoder.static_side = detr_side(model.config)
         model.detr_encoder.layers[0].__class__ = _PerPairDetrEncoderLayer
-        optimize(model, optimizations)
         set_masked_attention(model, masked_attention)
+        optimize(model, optimizations)
         self.model = model
 
     @classmethod

@@ -15,8 +15,11 @@ compile stage, the runtime's exported-program fallback) imports this module firs
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula
 
 BLOCK_ROWS = 64
 
@@ -40,6 +43,13 @@ def box_bias_mlp(deltas: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: t
     if triton is None or not deltas.is_cuda:
         return linear_layers(deltas, w1, b1, w2, b2).contiguous()
     return launch_box_bias(deltas, w1, b1, w2, b2, wrap=torch.library.wrap_triton)
+
+
+@register_flop_formula(torch.ops.sam3_aoti.box_bias_mlp)
+def box_bias_flops(deltas_shape, w1_shape, b1_shape, w2_shape, b2_shape, *args, out_shape=None, **kwargs) -> int:
+    """The two linear layers' count (bench's FLOPs per part): the FlopCounterMode sees the op, not its kernel."""
+    rows = math.prod(deltas_shape[:-1])
+    return 2 * rows * (w1_shape[0] * w1_shape[1] + w2_shape[0] * w2_shape[1])
 
 
 if triton is not None:

@@ -328,7 +328,7 @@ def load_exported(path: Path, trust: bool = False) -> dict:
     """The exported programs from the fallback archive beside the package."""
     from torch.export.pt2_archive._package import load_pt2
 
-    from . import box_bias  # noqa: F401  (registers sam3_aoti::box_bias_mlp, which the programs may call)
+    from . import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the programs may call)
 
     fallback = fallback_of(path)
     if not fallback.is_file():
