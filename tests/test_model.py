@@ -263,6 +263,10 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     for off in (off_bias, off_attention):
         assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
+    alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("grid_bias_attention",)).eval()
+    with torch.no_grad():  # the tables from transformers' own MLPs (no box_bias_kernel)
+        for name, g, w in zip(("logits", "boxes", "masks", "presence"), alone(images, token_ids), want):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="unknown optimizations"):
         Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
 

@@ -1,16 +1,17 @@
 """Attention over SAM3's 72 x 72 image tokens at head dim 32 as one Triton flash-attention kernel: the op
 `sam3_aoti::attention`, for the DETR encoder's self-attention and the DETR decoder's box-biased cross-attention.
 
-At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor
-(about 4.5 ms of the DETR encoder's self-attention at 1 x 16 on the H200, where cuDNN took 11.2; see
-scripts/attention_kernel.py). The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] +
+At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor:
+about 4.5 ms of the DETR encoder's self-attentions at 1 x 16 on the H200, where cuDNN took 11.2 and this
+kernel 7.3 (benchmarks/README.md; scripts/attention_kernel.py times it against SDPA's kernels). The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] +
 bias_x[.., i, x]` for key `j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled
 as `[N, heads, Q, side * side]` (1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the
 two tables instead. Queries, keys and values are read in the layout the projections leave them (`[B, L, H, D]`
 viewed as `[B, H, L, D]`), and the output is written as `[B, Lq, H, D]`, the layout the output projection reads.
 
 Like `runtime.box_bias` it is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package)
-that whatever deserializes an exported program imports first. Off CUDA it is SDPA with the bias assembled.
+that whatever deserializes an exported program imports first. Off CUDA, in fp32, or where a shape does not fit
+the kernel, it is SDPA with the bias assembled.
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ def grid_bias(bias_y: torch.Tensor, bias_x: torch.Tensor) -> torch.Tensor:
 
 
 def reference(query, key, value, scale: float, bias_y=None, bias_x=None) -> torch.Tensor:
-    """What the op computes, as SDPA: `[B, H, L, D]` in, `[B, Lq, H, D]` out, in the query's dtype."""
-    mask = None if bias_y is None else grid_bias(bias_y, bias_x).to(query.dtype)
+    """What the op computes, as SDPA: `[B, H, L, D]` in, `[B, Lq, H, D]` out, in the query's dtype. The bias's
+    rows are padded to 8 elements and sliced back, as the memory-efficient kernel wants them (model.wrapper's
+    `dense_mask`)."""
+    mask = None
+    if bias_y is not None:
+        bias = grid_bias(bias_y, bias_x).to(query.dtype)
+        mask = F.pad(bias, (0, -bias.shape[-1] % 8))[..., :bias.shape[-1]]
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     return out.transpose(1, 2).contiguous()
 
@@ -124,7 +130,7 @@ if triton is not None:
         b, h, q, _ = table.shape
         row = table.stride(2)
         evenly = table.stride(3) == 1 and table.stride(1) == q * row and table.stride(0) == h * q * row
-        return table.float() if evenly and table.dtype == torch.float32 else table.float().contiguous()
+        return table if evenly and table.dtype == torch.float32 else table.float().contiguous()
 
     def launch_attention(query, key, value, scale, bias_y=None, bias_x=None, config=None,
                          wrap=lambda kernel: kernel) -> torch.Tensor:
@@ -141,15 +147,15 @@ if triton is not None:
             if bias_y.shape[-1] * side != k_len or side % GRID_CELL:
                 raise ValueError(f"grid bias {tuple(bias_y.shape)} + {tuple(bias_x.shape)}: want rows x side = "
                                  f"{k_len} keys and the side a multiple of {GRID_CELL}")
-            block_n, rows = GRID_CELL * GRID_CELL, (bias_y.stride(2), bias_x.stride(2))
+            block_n, table_rows = GRID_CELL * GRID_CELL, (bias_y.stride(2), bias_x.stride(2))
         else:
             bias_y = bias_x = query  # not read
-            side, rows = 1, (0, 0)
+            side, table_rows = 1, (0, 0)
         out = query.new_empty(batch, q_len, heads, head_dim)
         wrap(_attention_kernel)[(triton.cdiv(q_len, block_m), batch * heads)](
             query, key, value, bias_y, bias_x, out,
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), *rows, heads, q_len,
+            value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len,
             K_LEN=k_len, SIDE=side, QK_SCALE=scale * math.log2(math.e), BIAS_SCALE=1.0 / scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=bias_y is not query, CELL=GRID_CELL,
             num_warps=warps, num_stages=stages)
