@@ -216,12 +216,12 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
     timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
 }
 
-levers_part() {  # no build: the parts [export] optimizations touch, without and with them; eager parity with them
+levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
     local parts="DETR encoder,DETR decoder,mask decoder" times=(--python scripts/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 8)
-    cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > no-optimizations.toml
+    cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
     step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
-    step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config no-optimizations.toml \
+    step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
         --out "$RESULTS/levers-off"
     step levers-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/levers-on"
     step levers-parity scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16
