@@ -193,8 +193,8 @@ EXPORTED_FALLBACK = BLOCKER.replace('"sam3_aoti", ', "") + textwrap.dedent("""
 
 def test_the_runtimes_exported_fallback_runs_the_projects_ops_without_the_build(package_path, tmp_path):
     """The exported programs call `sam3_aoti::box_bias_mlp` and `sam3_aoti::attention` by name (`[export]
-    optimizations`): the runtime registers them itself, so its fallback deserializes and runs them with no transformers and none of the build's
-    modules, and gives what the AOTI models give."""
+    optimizations`): the runtime registers them itself, so its fallback deserializes and runs them with no
+    transformers and none of the build's modules, and gives what the AOTI models give."""
     images = torch.rand(1, 3, 90, 120) * 255
     token_ids = encode_prompts(["a person", "a rocket"])
     torch.save((images, token_ids), tmp_path / "inputs.pt")

@@ -3,11 +3,13 @@
 
 At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor:
 about 4.5 ms of the DETR encoder's self-attentions at 1 x 16 on the H200, where cuDNN took 11.2 and this
-kernel 7.3 (benchmarks/README.md; scripts/attention_kernel.py times it against SDPA's kernels). The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] +
-bias_x[.., i, x]` for key `j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled
-as `[N, heads, Q, side * side]` (1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the
-two tables instead. Queries, keys and values are read in the layout the projections leave them (`[B, L, H, D]`
-viewed as `[B, H, L, D]`), and the output is written as `[B, Lq, H, D]`, the layout the output projection reads.
+kernel 7.3 (benchmarks/README.md; scripts/attention_kernel.py times it against SDPA's kernels).
+
+The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] + bias_x[.., i, x]` for key
+`j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled as `[N, heads, Q, side * side]`
+(1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the two tables instead. Queries,
+keys and values are read in the layout the projections leave them (`[B, L, H, D]` viewed as `[B, H, L, D]`),
+and the output is written as `[B, Lq, H, D]`, the layout the output projection reads.
 
 Like `runtime.box_bias` it is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package)
 that whatever deserializes an exported program imports first. Off CUDA, in fp32, or where a shape does not fit
