@@ -248,7 +248,6 @@ def detr_side(config: Sam3Config) -> int:
 
 MASKED_ATTENTION = ("text_encoder", "geometry_encoder", "detr_encoder", "detr_decoder", "mask_decoder")
 DENSE_MASK_SDPA = "sam3_dense_mask_sdpa"
-MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
 
 
 def dense_mask(mask: torch.Tensor, dtype: torch.dtype, query_len: int, key_len: int) -> torch.Tensor:
@@ -258,8 +257,7 @@ def dense_mask(mask: torch.Tensor, dtype: torch.dtype, query_len: int, key_len: 
     compiled memory-efficient kernel failed on the H200 with "(*bias): last dimension must be contiguous"."""
     if mask.dtype == torch.bool:  # True = attend (transformers' sdpa masks)
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    mask = mask.to(dtype).expand(mask.shape[0], mask.shape[1], query_len, key_len)
-    return F.pad(mask, (0, -key_len % MASK_ROW_ALIGN))[..., :key_len]
+    return attention.aligned_rows(mask.to(dtype).expand(mask.shape[0], mask.shape[1], query_len, key_len))
 
 
 def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):

@@ -34,6 +34,7 @@ except ImportError:  # a CPU-only torch: the op runs SDPA
 # key block is GRID_CELL x GRID_CELL grid cells (BLOCK_N = 64)
 CONFIG = {"plain": (64, 64, 4, 4), "biased": (64, 64, 4, 3)}
 GRID_CELL = 8
+MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
 
 
 def grid_bias(bias_y: torch.Tensor, bias_x: torch.Tensor) -> torch.Tensor:
@@ -41,14 +42,16 @@ def grid_bias(bias_y: torch.Tensor, bias_x: torch.Tensor) -> torch.Tensor:
     return (bias_y[..., :, None] + bias_x[..., None, :]).flatten(-2)
 
 
+def aligned_rows(mask: torch.Tensor) -> torch.Tensor:
+    """An additive mask with its rows padded to a multiple of MASK_ROW_ALIGN elements and sliced back (only the
+    strides change), as the memory-efficient kernel wants its bias (model.wrapper's `dense_mask` uses it too)."""
+    keys = mask.shape[-1]
+    return F.pad(mask, (0, -keys % MASK_ROW_ALIGN))[..., :keys]
+
+
 def reference(query, key, value, scale: float, bias_y=None, bias_x=None) -> torch.Tensor:
-    """What the op computes, as SDPA: `[B, H, L, D]` in, `[B, Lq, H, D]` out, in the query's dtype. The bias's
-    rows are padded to 8 elements and sliced back, as the memory-efficient kernel wants them (model.wrapper's
-    `dense_mask`)."""
-    mask = None
-    if bias_y is not None:
-        bias = grid_bias(bias_y, bias_x).to(query.dtype)
-        mask = F.pad(bias, (0, -bias.shape[-1] % 8))[..., :bias.shape[-1]]
+    """What the op computes, as SDPA: `[B, H, L, D]` in, `[B, Lq, H, D]` out, in the query's dtype."""
+    mask = None if bias_y is None else aligned_rows(grid_bias(bias_y, bias_x).to(query.dtype))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     return out.transpose(1, 2).contiguous()
 
@@ -142,8 +145,9 @@ if triton is not None:
         batch, heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-        block_m, block_n, warps, stages = config or CONFIG["biased" if bias_y is not None else "plain"]
-        if bias_y is not None:
+        biased = bias_y is not None
+        block_m, block_n, warps, stages = config or CONFIG["biased" if biased else "plain"]
+        if biased:
             bias_y, bias_x = tables_in_rows(bias_y), tables_in_rows(bias_x)
             side = bias_x.shape[-1]
             if bias_y.shape[-1] * side != k_len or side % GRID_CELL:
@@ -159,6 +163,6 @@ if triton is not None:
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len,
             K_LEN=k_len, SIDE=side, QK_SCALE=scale * math.log2(math.e), BIAS_SCALE=1.0 / scale,
-            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=bias_y is not query, CELL=GRID_CELL,
+            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=biased, CELL=GRID_CELL,
             num_warps=warps, num_stages=stages)
         return out
