@@ -36,9 +36,9 @@
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
 #          then (once every other part has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
 #          list, picks others), with the split models' table
-#   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder) compiled alone
-#          at 1 x 1 and 1 x 16 without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's
-#          (scripts/part_times.py), then eager parity with them
+#   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; LEVERS_PARTS,
+#          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 without them (or with LEVERS_BASE's,
+#          a TOML list) and with pipeline.toml's (scripts/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
@@ -217,7 +217,7 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
 }
 
 levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
-    local parts="DETR encoder,DETR decoder,mask decoder" times=(--python scripts/part_times.py
+    local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 8)
     cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
     step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1

@@ -228,11 +228,12 @@ def test_a_bf16_build_can_run_the_decoders_linears_as_bf16_gemms_around_an_fp32_
 def test_the_optimizations_compute_what_transformers_does(tiny_model):
     """`[export] optimizations`: each swaps in its code (the box-bias MLPs through the op `sam3_aoti::box_bias_mlp`,
     the DETR encoder's MLPs as GEMMs with a ReLU epilogue, its self-attentions and the decoder's box-biased
-    cross-attentions through the op `sam3_aoti::attention`), and together they give transformers' outputs. A
-    box bias or an attention off by 0.1 % moves them, so the comparison sees both ops."""
+    cross-attentions through the op `sam3_aoti::attention`, the decoder's keys and values projected for all
+    layers at once), and together, and the decoder's alone, they give transformers' outputs. A box bias or an
+    attention off by 0.1 % moves them, so the comparison sees both ops."""
     import sam3_aoti.runtime.attention as attention
     import sam3_aoti.runtime.box_bias as box_bias
-    from sam3_aoti.model.wrapper import _GridBiasAttention, _ReluEpilogueMLP
+    from sam3_aoti.model.wrapper import _GridBiasAttention, _ReluEpilogueMLP, _SharedProjectionsDecoderLayer
     from sam3_aoti.pipeline.schema import OPTIMIZATIONS
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
@@ -242,6 +243,8 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     mlps = [layer.mlp for layer in model.detr_encoder.layers]
     assert mlps and all(type(mlp) is _ReluEpilogueMLP for mlp in mlps)
     assert all(type(layer.vision_cross_attn) is _GridBiasAttention for layer in model.detr_decoder.layers)
+    assert all(type(layer) is _SharedProjectionsDecoderLayer and not hasattr(layer.vision_cross_attn, "k_proj")
+               and not hasattr(layer.self_attn, "q_proj") for layer in model.detr_decoder.layers)
     calls = []
     layers, sdpa = box_bias.linear_layers, attention.reference
     with torch.no_grad():
@@ -263,10 +266,12 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     for off in (off_bias, off_attention):
         assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
-    alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("grid_bias_attention",)).eval()
-    with torch.no_grad():  # the tables from transformers' own MLPs (no box_bias_kernel)
-        for name, g, w in zip(("logits", "boxes", "masks", "presence"), alone(images, token_ids), want):
-            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
+    for optimization in ("grid_bias_attention", "decoder_shared_projections"):
+        # the tables from transformers' own MLPs (no box_bias_kernel); the stacked projections with SDPA's bias
+        alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=(optimization,)).eval()
+        with torch.no_grad():
+            for name, g, w in zip(("logits", "boxes", "masks", "presence"), alone(images, token_ids), want):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=f"{optimization}: {name}")
     with pytest.raises(ValueError, match="unknown optimizations"):
         Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
 
@@ -330,7 +335,8 @@ for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1
                                         (2, 2, 64, 8, 8, 32, (32, 32, 4, 1)), (1, 2, 20, 9, 8, 32, (16, 64, 4, 1))]:
     q, k, v = (torch.randn(n, length, h, d).transpose(1, 2) for length in (lq, rows * side, rows * side))
     tables = torch.randn(n, h, lq, rows), torch.randn(n, h, lq, side)
-    for bias in (tables, (None, None)):
+    below_first = torch.randn(n, h, lq - 1, rows), torch.randn(n, h, lq - 1, side)  # row 0 unbiased
+    for bias in (tables, below_first, (None, None)):
         got = launch_attention(q, k, v, 0.3, *bias, config=config)
         assert got.shape == (n, lq, h, d)
         torch.testing.assert_close(got, reference(q, k, v, 0.3, *bias), atol=1e-5, rtol=1e-5)
@@ -340,7 +346,8 @@ print("ok")
 
 def test_the_attention_kernel_is_sdpa_in_tritons_interpreter():
     """The Triton kernel of the op `sam3_aoti::attention`, run by Triton's CPU interpreter, is SDPA on strided
-    `[B, H, L, D]` views, with a grid bias from a non-square pair of tables and without one, for key lengths
+    `[B, H, L, D]` views, with a grid bias from a non-square pair of tables (for every query, or for all but the
+    first, as the decoder's presence token has it) and without one, for key lengths
     that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
     pytest.importorskip("triton")
     import os

@@ -17,12 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, Sam3Config, Sam3Model
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.sam3.modeling_sam3 import (
     Sam3Attention,
     Sam3DetrDecoder,
+    Sam3DetrDecoderLayer,
+    Sam3DETRDecoderOutput,
     Sam3DetrEncoderLayer,
     Sam3MLP,
     box_cxcywh_to_xyxy,
+    eager_attention_forward,
     inverse_sigmoid,
 )
 
@@ -118,6 +123,7 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
     static_side: int
     fused_box_bias: bool = False  # `box_bias_kernel`: the MLPs through the op sam3_aoti::box_bias_mlp
     bias_tables: bool = False  # `grid_bias_attention`: hand the attention the per-axis tables, not their sum
+    shared_projections: bool = False  # `decoder_shared_projections`: `forward` below, not transformers'
 
     def _get_rpb_matrix(self, reference_boxes, spatial_shape):
         if not (self.fused_box_bias or self.bias_tables):
@@ -126,6 +132,42 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
         if self.bias_tables:  # [N, heads, Q, 2 * side]; the decoder pads the presence row on, as on the sum
             return torch.cat([bias_y, bias_x], -1)
         return attention.grid_bias(bias_y, bias_x)
+
+    def forward(self, vision_features, text_features, vision_pos_encoding, text_mask=None, spatial_shapes=None,
+                **kwargs):
+        """transformers' `Sam3DetrDecoder.forward` with `decoder_shared_projections`: the keys and values every
+        layer projects from the same image tokens and prompt as one GEMM each for all layers (`stack_linears`),
+        before the layers; the presence row never padded onto the box bias; the presence logit and the
+        intermediates of the last layer only (the `[-1]` that `decode` reads), whose box refinement `decode`
+        does. Otherwise transformers' loop, line for line."""
+        if not self.shared_projections:
+            return super().forward(vision_features, text_features, vision_pos_encoding, text_mask=text_mask,
+                                   spatial_shapes=spatial_shapes, **kwargs)
+        batch = vision_features.shape[0]
+        reference_boxes = self.reference_points.weight.unsqueeze(0).expand(batch, -1, -1).sigmoid()
+        hidden = torch.cat([self.presence_token.weight.unsqueeze(0).expand(batch, -1, -1),
+                            self.query_embed.weight.unsqueeze(0).expand(batch, -1, -1)], dim=1)
+        text_attention_mask = None if text_mask is None else create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden, attention_mask=text_mask, encoder_hidden_states=text_features)
+        layers = len(self.layers)
+        text_keys, text_values = (stack(text_features).chunk(layers, -1) for stack in (self.text_keys,
+                                                                                        self.text_values))
+        vision_keys = self.vision_keys(vision_features + vision_pos_encoding).chunk(layers, -1)
+        vision_values = self.vision_values(vision_features).chunk(layers, -1)
+        for i, layer in enumerate(self.layers):
+            query_pos = self.ref_point_head(self.position_encoding.encode_boxes(reference_boxes))
+            bias = self._get_rpb_matrix(reference_boxes, None)
+            if not self.bias_tables:  # the presence token's row: it attends to every image token alike
+                bias = F.pad(bias, (0, 0, 1, 0), mode="constant", value=0)
+            hidden = layer(hidden, query_pos, (text_keys[i], text_values[i]), text_attention_mask,
+                           (vision_keys[i], vision_values[i]), bias)
+            queries = self.output_layer_norm(hidden[:, 1:])
+            if i < layers - 1:
+                reference_boxes = (self.box_head(queries) + inverse_sigmoid(reference_boxes)).sigmoid()
+        presence = self.presence_head(self.presence_layer_norm(hidden[:, :1])).squeeze(-1)
+        presence = presence.clamp(min=-self.clamp_presence_logit_max_val, max=self.clamp_presence_logit_max_val)
+        return Sam3DETRDecoderOutput(intermediate_hidden_states=queries[None], reference_boxes=reference_boxes[None],
+                                     presence_logits=presence[None])
 
     def _axis_biases(self, reference_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' `_get_rpb_matrix` up to its last sum: the y and x tables (`[N, heads, Q, side]` each,
@@ -143,22 +185,101 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
                 mlp(log_scaled(edges[..., 0::2]), self.box_rpb_embed_x))
 
 
-class _GridBiasAttention(Sam3Attention):
-    """The DETR decoder's vision cross-attention on the op `sam3_aoti::attention` with the box bias as its two
-    per-axis tables (`_StaticShapeDetrDecoder.bias_tables`: the mask is `[N, heads, 1 + Q, 2 * side]`, the
-    y table then the x table, the presence row zero), so the `[N, heads, 1 + Q, side * side]` sum is never
-    stored. The projections are transformers' `Sam3Attention.forward`; the class is swapped in on the instance."""
+class _ProjectedAttention(Sam3Attention):
+    """transformers' `Sam3Attention.forward` in two steps: the projections, then `attend` on projected queries,
+    keys and values (`[B, L, heads * head_dim]` each, any dtype), which a caller that projected the keys and
+    values already (`decoder_shared_projections`) calls alone. The class is swapped in on the instance."""
 
     def forward(self, query, key, value, attention_mask=None, **kwargs):
-        batch, query_len, key_len = query.shape[0], query.shape[1], key.shape[1]
-        heads, head_dim = self.num_attention_heads, self.head_dim
-        dtype = getattr(self, "attention_dtype", query.dtype)  # set by `attention_in`
-        q = self.q_proj(query).view(batch, query_len, heads, head_dim).transpose(1, 2)
-        k = self.k_proj(key).view(batch, key_len, heads, head_dim).transpose(1, 2)
-        v = self.v_proj(value).view(batch, key_len, heads, head_dim).transpose(1, 2)
+        return self.attend(self.q_proj(query), self.k_proj(key), self.v_proj(value), attention_mask, query.dtype,
+                           **kwargs)
+
+    def heads(self, states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`[B, L, heads * head_dim]` -> a `[B, heads, L, head_dim]` view in `dtype`."""
+        return states.view(*states.shape[:2], self.num_attention_heads, self.head_dim).transpose(1, 2).to(dtype)
+
+    def attend(self, query, key, value, attention_mask, dtype, **kwargs):
+        """The attention and its output projection, computing in `dtype` (the residual stream's)."""
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, _ = interface(self, self.heads(query, dtype), self.heads(key, dtype), self.heads(value, dtype),
+                           attention_mask=attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False, **kwargs)
+        return self.o_proj(out.reshape(*query.shape[:2], -1).contiguous()), None
+
+
+class _GridBiasAttention(_ProjectedAttention):
+    """The DETR decoder's vision cross-attention on the op `sam3_aoti::attention` with the box bias as its two
+    per-axis tables (`_StaticShapeDetrDecoder.bias_tables`: the mask is `[N, heads, Q', 2 * side]`, the y table
+    then the x table, for the last Q' queries: with a zero presence row from transformers' decoder, without
+    it from ours), so the `[N, heads, 1 + Q, side * side]` sum is never stored."""
+
+    def attend(self, query, key, value, attention_mask, dtype, **kwargs):
+        dtype_in = getattr(self, "attention_dtype", dtype)  # set by `attention_in`
         bias_y, bias_x = attention_mask.float().chunk(2, dim=-1)
-        out = torch.ops.sam3_aoti.attention(q.to(dtype), k.to(dtype), v.to(dtype), self.scaling, bias_y, bias_x)
-        return self.o_proj(out.to(query.dtype).reshape(batch, query_len, heads * head_dim)), None
+        out = torch.ops.sam3_aoti.attention(self.heads(query, dtype_in), self.heads(key, dtype_in),
+                                            self.heads(value, dtype_in), self.scaling, bias_y, bias_x)
+        return self.o_proj(out.to(dtype).reshape(*query.shape[:2], -1)), None
+
+
+class _SharedProjectionsDecoderLayer(Sam3DetrDecoderLayer):
+    """transformers' `Sam3DetrDecoderLayer.forward` on keys and values projected before the layers
+    (`_StaticShapeDetrDecoder.forward`), its self-attention's query and key projections as one GEMM
+    (`qk_proj`, they read the same input). Dropout is left out: the wrapper runs in eval mode, where it is the
+    identity. The class is swapped in on the instance."""
+
+    def forward(self, hidden, query_pos, text_kv, text_mask, vision_kv, vision_bias):
+        dtype = hidden.dtype
+        query_pos = F.pad(query_pos, (0, 0, 1, 0), mode="constant", value=0)  # the presence token's: none
+        with_position = hidden + query_pos
+        query, key = self.self_attn.qk_proj(with_position).chunk(2, dim=-1)
+        out, _ = self.self_attn.attend(query, key, self.self_attn.v_proj(hidden), None, dtype)
+        hidden = self.self_attn_layer_norm(hidden + out)
+        out, _ = self.text_cross_attn.attend(self.text_cross_attn.q_proj(hidden + query_pos), *text_kv, text_mask,
+                                             dtype)
+        hidden = self.text_cross_attn_layer_norm(hidden + out)
+        out, _ = self.vision_cross_attn.attend(self.vision_cross_attn.q_proj(hidden + query_pos), *vision_kv,
+                                               vision_bias, dtype)
+        hidden = self.vision_cross_attn_layer_norm(hidden + out)
+        return self.mlp_layer_norm(hidden + self.mlp(hidden))
+
+
+class _StackedLinear(nn.Linear):
+    """Linear layers that read one input, as one GEMM whose output is theirs side by side. The output stays in
+    the weights' dtype (bf16 in a bf16 decoder): each slice is cast where it is read, once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+def stack_linears(linears: list[nn.Linear]) -> _StackedLinear:
+    """One `_StackedLinear` holding the layers' weights and biases (copies: the layers lose theirs after)."""
+    first = linears[0]
+    stack = _StackedLinear(first.in_features, first.out_features * len(linears), device="meta")
+    stack.weight = nn.Parameter(torch.cat([linear.weight.detach() for linear in linears]))
+    stack.bias = nn.Parameter(torch.cat([linear.bias.detach() for linear in linears]))
+    return stack
+
+
+def share_decoder_projections(decoder: Sam3DetrDecoder) -> None:
+    """`decoder_shared_projections`: the text and image keys and values of every layer as four stacked GEMMs
+    on the decoder, each self-attention's query and key projections as one; the layers' own go."""
+    layers = decoder.layers
+    for name, attention_name, projection in (("text_keys", "text_cross_attn", "k_proj"),
+                                             ("text_values", "text_cross_attn", "v_proj"),
+                                             ("vision_keys", "vision_cross_attn", "k_proj"),
+                                             ("vision_values", "vision_cross_attn", "v_proj")):
+        modules = [getattr(layer, attention_name) for layer in layers]
+        setattr(decoder, name, stack_linears([getattr(module, projection) for module in modules]))
+        for module in modules:
+            delattr(module, projection)
+    for layer in layers:
+        attention_module = layer.self_attn
+        attention_module.qk_proj = stack_linears([attention_module.q_proj, attention_module.k_proj])
+        del attention_module.q_proj, attention_module.k_proj
+        for module in (layer.self_attn, layer.text_cross_attn, layer.vision_cross_attn):
+            if not isinstance(module, _ProjectedAttention):
+                module.__class__ = _ProjectedAttention
+        layer.__class__ = _SharedProjectionsDecoderLayer
+    decoder.shared_projections = True
 
 
 class _PerPairDetrEncoderLayer(Sam3DetrEncoderLayer):
@@ -230,6 +351,8 @@ def optimize(model: Sam3Model, optimizations) -> None:
     if "grid_bias_attention" in optimizations:
         for layer in model.detr_decoder.layers:
             layer.vision_cross_attn.__class__ = _GridBiasAttention
+    if "decoder_shared_projections" in optimizations:
+        share_decoder_projections(model.detr_decoder)
     if "attention_kernel" in optimizations:
         AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
         for layer in model.detr_encoder.layers:  # their configs are their own (`set_masked_attention`)

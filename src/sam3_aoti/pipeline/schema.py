@@ -115,7 +115,8 @@ PARITY_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.parity)  #
 # A table's keys: name -> (check, what the value must be, required). "*": one child table per name of the set.
 REQUIRED, OPTIONAL = True, False
 # What `[export] optimizations` may name: model.wrapper.optimize swaps each in (same arithmetic, faster kernels)
-OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "grid_bias_attention")
+OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "grid_bias_attention",
+                 "decoder_shared_projections")
 PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}
 VERIFY_TOLERANCES = {
     "max_abs": (*TOLERANCE, REQUIRED), "max_rel": (*TOLERANCE, OPTIONAL), "pearson_min": (*UNIT, REQUIRED),

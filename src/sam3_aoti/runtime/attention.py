@@ -7,7 +7,9 @@ kernel 7.3 (benchmarks/README.md; scripts/attention_kernel.py times it against S
 
 The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] + bias_x[.., i, x]` for key
 `j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled as `[N, heads, Q, side * side]`
-(1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the two tables instead. Queries,
+(1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the two tables instead. Tables with
+fewer rows than there are queries bias the last rows only (the decoder's presence token, row 0, attends to every
+image token alike, so its row is never padded onto the tables). Queries,
 keys and values are read in the layout the projections leave them (`[B, L, H, D]` viewed as `[B, H, L, D]`),
 and the output is written as `[B, Lq, H, D]`, the layout the output projection reads.
 
@@ -51,7 +53,10 @@ def aligned_rows(mask: torch.Tensor) -> torch.Tensor:
 
 def reference(query, key, value, scale: float, bias_y=None, bias_x=None) -> torch.Tensor:
     """What the op computes, as SDPA: `[B, H, L, D]` in, `[B, Lq, H, D]` out, in the query's dtype."""
-    mask = None if bias_y is None else aligned_rows(grid_bias(bias_y, bias_x).to(query.dtype))
+    mask = None
+    if bias_y is not None:  # zero rows for the queries the tables leave out, at the top
+        unbiased = query.shape[2] - bias_y.shape[2]
+        mask = aligned_rows(F.pad(grid_bias(bias_y, bias_x), (0, 0, unbiased, 0)).to(query.dtype))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     return out.transpose(1, 2).contiguous()
 
@@ -76,7 +81,7 @@ if triton is not None:
 
     @triton.jit
     def _attention_kernel(q_ptr, k_ptr, v_ptr, by_ptr, bx_ptr, out_ptr,
-                          q_b, q_h, q_m, k_b, k_h, k_n, v_b, v_h, v_n, y_row, x_row, heads, q_len,
+                          q_b, q_h, q_m, k_b, k_h, k_n, v_b, v_h, v_n, y_row, x_row, heads, q_len, table_len,
                           K_LEN: tl.constexpr, SIDE: tl.constexpr, QK_SCALE: tl.constexpr, BIAS_SCALE: tl.constexpr,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BIASED: tl.constexpr, CELL: tl.constexpr):
@@ -93,7 +98,8 @@ if triton is not None:
             u = tl.arange(0, BLOCK_N)  # a block's key u is cell (u // CELL, u % CELL)
             onehot = tl.where(c[:, None] < CELL, (u // CELL)[None, :] == c[:, None],
                               (u % CELL)[None, :] == (c - CELL)[:, None]).to(tl.float32)
-            table = pair_head.to(tl.int64) * q_len + rows
+            table = pair_head.to(tl.int64) * table_len + rows - (q_len - table_len)  # the first rows: no bias
+            table_row_live = row_live & (rows >= q_len - table_len)
             table_ptrs = tl.where(c[None, :] < CELL, by_ptr + (table * y_row)[:, None] + c[None, :],
                                   bx_ptr + (table * x_row)[:, None] + (c - CELL)[None, :])
             blocks: tl.constexpr = tl.cdiv(grid_rows, CELL) * (SIDE // CELL)
@@ -115,7 +121,7 @@ if triton is not None:
             v = tl.load(v_base + cols[:, None] * v_n + d[None, :], mask=col_live[:, None], other=0.0)
             s = tl.dot(q, k)
             if BIASED:  # the bias in units of the raw dot, which QK_SCALE takes to log2 units with it
-                table_live = row_live[:, None] & ((c >= CELL) | (y0 + c < grid_rows))[None, :]
+                table_live = table_row_live[:, None] & ((c >= CELL) | (y0 + c < grid_rows))[None, :]
                 offsets = tl.where(c < CELL, y0, x0)
                 tables = tl.load(table_ptrs + offsets[None, :], mask=table_live, other=0.0) * BIAS_SCALE
                 s = tl.dot(tables, onehot, s, input_precision="tf32")
@@ -139,8 +145,9 @@ if triton is not None:
 
     def launch_attention(query, key, value, scale, bias_y=None, bias_x=None, config=None,
                          wrap=lambda kernel: kernel) -> torch.Tensor:
-        """Run the kernel on `[B, H, L, D]` views (last stride 1) and fp32 per-axis tables (`[B, H, Lq, rows]`,
-        `[B, H, Lq, side]`, their last stride 1, e.g. the two halves of one table), or none; `config` overrides
+        """Run the kernel on `[B, H, L, D]` views (last stride 1) and fp32 per-axis tables (`[B, H, T, rows]`,
+        `[B, H, T, side]` for the last T <= Lq queries, their last stride 1, e.g. the two halves of one table),
+        or none; `config` overrides
         `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages). `wrap` is `wrap_triton` inside the op."""
         batch, heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
@@ -150,18 +157,19 @@ if triton is not None:
         if biased:
             bias_y, bias_x = tables_in_rows(bias_y), tables_in_rows(bias_x)
             side = bias_x.shape[-1]
-            if bias_y.shape[-1] * side != k_len or side % GRID_CELL:
+            table_len = bias_y.shape[2]
+            if bias_y.shape[-1] * side != k_len or side % GRID_CELL or not 0 < table_len <= q_len:
                 raise ValueError(f"grid bias {tuple(bias_y.shape)} + {tuple(bias_x.shape)}: want rows x side = "
-                                 f"{k_len} keys and the side a multiple of {GRID_CELL}")
+                                 f"{k_len} keys, the side a multiple of {GRID_CELL} and 1 to {q_len} query rows")
             block_n, table_rows = GRID_CELL * GRID_CELL, (bias_y.stride(2), bias_x.stride(2))
         else:
             bias_y = bias_x = query  # not read
-            side, table_rows = 1, (0, 0)
+            side, table_rows, table_len = 1, (0, 0), q_len
         out = query.new_empty(batch, q_len, heads, head_dim)
         wrap(_attention_kernel)[(triton.cdiv(q_len, block_m), batch * heads)](
             query, key, value, bias_y, bias_x, out,
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len,
+            value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len, table_len,
             K_LEN=k_len, SIDE=side, QK_SCALE=scale * math.log2(math.e), BIAS_SCALE=1.0 / scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=biased, CELL=GRID_CELL,
             num_warps=warps, num_stages=stages)
