@@ -229,11 +229,13 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     """`[export] optimizations`: each swaps in its code (the box-bias MLPs through the op `sam3_aoti::box_bias_mlp`,
     the DETR encoder's MLPs as GEMMs with a ReLU epilogue, its self-attentions and the decoder's box-biased
     cross-attentions through the op `sam3_aoti::attention`, the decoder's keys and values projected for all
-    layers at once), and together, and the decoder's alone, they give transformers' outputs. A box bias or an
+    layers at once, the pixel decoder's convolutions split into per-image and per-pair halves), and together,
+    and the last two alone, they give transformers' outputs. A box bias or an
     attention off by 0.1 % moves them, so the comparison sees both ops."""
     import sam3_aoti.runtime.attention as attention
     import sam3_aoti.runtime.box_bias as box_bias
-    from sam3_aoti.model.wrapper import _GridBiasAttention, _ReluEpilogueMLP, _SharedProjectionsDecoderLayer
+    from sam3_aoti.model.wrapper import (_GridBiasAttention, _PerImageMaskDecoder, _ReluEpilogueMLP,
+                                         _SharedProjectionsDecoderLayer)
     from sam3_aoti.pipeline.schema import OPTIMIZATIONS
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
@@ -245,6 +247,7 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     assert all(type(layer.vision_cross_attn) is _GridBiasAttention for layer in model.detr_decoder.layers)
     assert all(type(layer) is _SharedProjectionsDecoderLayer and not hasattr(layer.vision_cross_attn, "k_proj")
                and not hasattr(layer.self_attn, "q_proj") for layer in model.detr_decoder.layers)
+    assert type(model.mask_decoder) is _PerImageMaskDecoder
     calls = []
     layers, sdpa = box_bias.linear_layers, attention.reference
     with torch.no_grad():
@@ -266,7 +269,7 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     for off in (off_bias, off_attention):
         assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
-    for optimization in ("grid_bias_attention", "decoder_shared_projections"):
+    for optimization in ("grid_bias_attention", "decoder_shared_projections", "pixel_decoder_per_image"):
         # the tables from transformers' own MLPs (no box_bias_kernel); the stacked projections with SDPA's bias
         alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=(optimization,)).eval()
         with torch.no_grad():
@@ -274,6 +277,21 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
                 torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=f"{optimization}: {name}")
     with pytest.raises(ValueError, match="unknown optimizations"):
         Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
+
+
+def test_a_convolution_after_nearest_upsampling_is_four_coarse_ones():
+    """`upsampled_conv` (`pixel_decoder_per_image`) is the 3 x 3 convolution of the 2x nearest-upsampled map,
+    borders included, on non-square maps of odd and even sides."""
+    import torch.nn.functional as F
+
+    from sam3_aoti.model.wrapper import upsampled_conv
+
+    torch.manual_seed(0)
+    for shape in [(2, 5, 6, 7), (1, 3, 1, 4), (3, 8, 9, 9)]:
+        x = torch.randn(shape, dtype=torch.float64)
+        weight = torch.randn(4, shape[1], 3, 3, dtype=torch.float64)
+        want = F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)
+        torch.testing.assert_close(upsampled_conv(x, weight), want, atol=1e-12, rtol=1e-12)
 
 
 TRITON_KERNEL_CHECK = """

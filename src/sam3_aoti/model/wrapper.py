@@ -25,6 +25,8 @@ from transformers.models.sam3.modeling_sam3 import (
     Sam3DetrDecoderLayer,
     Sam3DETRDecoderOutput,
     Sam3DetrEncoderLayer,
+    Sam3MaskDecoder,
+    Sam3MaskDecoderOutput,
     Sam3MLP,
     box_cxcywh_to_xyxy,
     eager_attention_forward,
@@ -282,6 +284,58 @@ def share_decoder_projections(decoder: Sam3DetrDecoder) -> None:
     decoder.shared_projections = True
 
 
+def _phase_taps(kernel: torch.Tensor, dim: int) -> torch.Tensor:
+    """`[.., 3, ..]` kernel rows (along `dim`) -> `[2, .., 2, ..]`: for each output row phase of a nearest 2x
+    upsampling, the kernel rows that land on each of the two coarse rows it reads, summed (rows i - 1 and i
+    for the even phase, i and i + 1 for the odd one). Slices and sums of the weight, no constant: AOTInductor
+    would store one beside the weights."""
+    first, middle, last = kernel.unbind(dim)
+    return torch.stack([torch.stack([first, middle + last], dim), torch.stack([first + middle, last], dim)])
+
+
+def upsampled_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`conv2d(interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)` for a 3 x 3 kernel, without
+    the upsampled map: each of the four output phases is a 2 x 2 convolution of `x` (`_phase_taps`), all four
+    as one convolution with four times the channels (4/9 of the FLOPs)."""
+    out_channels, height, width = weight.shape[0], x.shape[-2], x.shape[-1]
+    phases = _phase_taps(_phase_taps(weight, 2), -1).transpose(0, 1)  # [a, b, out, in, 2, 2]
+    out = F.conv2d(x, phases.reshape(4 * out_channels, weight.shape[1], 2, 2), padding=1)
+    out = out.unflatten(1, (2, 2, out_channels))  # [N, a, b, out, H + 1, W + 1]
+    rows = [torch.stack([out[:, a, b, :, a:a + height, b:b + width] for b in (0, 1)], -1) for a in (0, 1)]
+    return torch.stack(rows, -3).flatten(4, 5).flatten(2, 3)  # [N, out, H, a, W, b] -> [N, out, 2H, 2W]
+
+
+class _PerImageMaskDecoder(Sam3MaskDecoder):
+    """`pixel_decoder_per_image`: transformers' `Sam3MaskDecoder.forward` with the backbone levels per image
+    (`pairs_per_image` pairs each). Each pixel decoder stage is `relu(norm(conv(upsample(pixels) + level)))`, and
+    the convolution is linear: `conv(level)` runs once per image, `conv(upsample(pixels))` per pair as
+    `upsampled_conv`. The 1 x 1 instance projection is folded into the mask embeddings (`(m W) . p + m . b` for
+    `m . (W p + b)`), so the per-pair `[C, 288, 288]` map it wrote (at SAM3's size) is never stored. The
+    semantic head, which no output reads, is left out. The class is swapped in on the instance."""
+
+    def forward(self, decoder_queries, backbone_features, encoder_hidden_states, prompt_features, prompt_mask,
+                pairs_per_image, **kwargs):
+        normed = self.prompt_cross_attn_norm(encoder_hidden_states)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=normed,
+                                         encoder_hidden_states=prompt_features, attention_mask=prompt_mask)
+        attended, _ = self.prompt_cross_attn(query=normed, key=prompt_features, value=prompt_features,
+                                             attention_mask=mask, **kwargs)
+        tokens = encoder_hidden_states + attended
+        height, width = backbone_features[-1].shape[-2:]
+        pixels = tokens[:, :height * width].transpose(1, 2).reshape(tokens.shape[0], -1, height, width)
+        decoder = self.pixel_decoder
+        for conv, norm, level in zip(decoder.conv_layers, decoder.norms, reversed(backbone_features[:-1])):
+            if tuple(level.shape[-2:]) != (2 * pixels.shape[-2], 2 * pixels.shape[-1]):
+                raise ValueError(f"pixel_decoder_per_image: a level of {tuple(level.shape[-2:])} after one of "
+                                 f"{tuple(pixels.shape[-2:])}; it needs each level twice the last's size")
+            lateral = conv(level).repeat_interleave(pairs_per_image, dim=0)  # per image, with the bias
+            pixels = F.relu(norm(upsampled_conv(pixels, conv.weight) + lateral))
+        embeddings = self.mask_embedder(decoder_queries)
+        projection = self.instance_projection
+        masks = torch.einsum("bqc,bchw->bqhw", embeddings @ projection.weight.flatten(1), pixels)
+        return Sam3MaskDecoderOutput(pred_masks=masks + (embeddings @ projection.bias)[..., None, None])
+
+
 class _PerPairDetrEncoderLayer(Sam3DetrEncoderLayer):
     """SAM3's first DETR encoder layer, split where the prompt comes in: its self-attention over the image
     tokens sees no prompt, so `self_attend` runs it once per image (in `encode_image`), and `forward` runs
@@ -353,6 +407,8 @@ def optimize(model: Sam3Model, optimizations) -> None:
             layer.vision_cross_attn.__class__ = _GridBiasAttention
     if "decoder_shared_projections" in optimizations:
         share_decoder_projections(model.detr_decoder)
+    if "pixel_decoder_per_image" in optimizations:
+        model.mask_decoder.__class__ = _PerImageMaskDecoder
     if "attention_kernel" in optimizations:
         AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
         for layer in model.detr_encoder.layers:  # their configs are their own (`set_masked_attention`)
@@ -569,9 +625,13 @@ class Sam3Grounding(nn.Module):
         logits = model.dot_product_scoring(decoder_hidden_states=queries[None], text_features=prompt,
                                            text_mask=prompt_mask)[0]
         # the mask decoder reads only the shape of its last level: the DETR encoder's output takes its place
-        masks = model.mask_decoder(decoder_queries=queries, backbone_features=[pairs(level0), pairs(level1), attended],
+        if isinstance(model.mask_decoder, _PerImageMaskDecoder):
+            levels, per_image = [level0, level1, attended], {"pairs_per_image": prompts}
+        else:
+            levels, per_image = [pairs(level0), pairs(level1), attended], {}
+        masks = model.mask_decoder(decoder_queries=queries, backbone_features=levels,
                                    encoder_hidden_states=encoded.last_hidden_state, prompt_features=prompt,
-                                   prompt_mask=prompt_mask).pred_masks
+                                   prompt_mask=prompt_mask, **per_image).pred_masks
         outputs = (logits, boxes_cxcywh, masks, decoded.presence_logits[-1])
         return tuple(o.float() for o in outputs)
 
