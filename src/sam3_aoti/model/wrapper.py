@@ -152,8 +152,8 @@ class _StaticShapeDetrDecoder(Sam3DetrDecoder):
         text_attention_mask = None if text_mask is None else create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden, attention_mask=text_mask, encoder_hidden_states=text_features)
         layers = len(self.layers)
-        text_keys, text_values = (stack(text_features).chunk(layers, -1) for stack in (self.text_keys,
-                                                                                        self.text_values))
+        text_keys = self.text_keys(text_features).chunk(layers, -1)
+        text_values = self.text_values(text_features).chunk(layers, -1)
         vision_keys = self.vision_keys(vision_features + vision_pos_encoding).chunk(layers, -1)
         vision_values = self.vision_values(vision_features).chunk(layers, -1)
         for i, layer in enumerate(self.layers):

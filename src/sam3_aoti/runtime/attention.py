@@ -98,8 +98,9 @@ if triton is not None:
             u = tl.arange(0, BLOCK_N)  # a block's key u is cell (u // CELL, u % CELL)
             onehot = tl.where(c[:, None] < CELL, (u // CELL)[None, :] == c[:, None],
                               (u % CELL)[None, :] == (c - CELL)[:, None]).to(tl.float32)
-            table = pair_head.to(tl.int64) * table_len + rows - (q_len - table_len)  # the first rows: no bias
-            table_row_live = row_live & (rows >= q_len - table_len)
+            unbiased = q_len - table_len  # the first rows, which the tables leave out
+            table = pair_head.to(tl.int64) * table_len + rows - unbiased
+            table_row_live = row_live & (rows >= unbiased)
             table_ptrs = tl.where(c[None, :] < CELL, by_ptr + (table * y_row)[:, None] + c[None, :],
                                   bx_ptr + (table * x_row)[:, None] + (c - CELL)[None, :])
             blocks: tl.constexpr = tl.cdiv(grid_rows, CELL) * (SIDE // CELL)
@@ -147,8 +148,8 @@ if triton is not None:
                          wrap=lambda kernel: kernel) -> torch.Tensor:
         """Run the kernel on `[B, H, L, D]` views (last stride 1) and fp32 per-axis tables (`[B, H, T, rows]`,
         `[B, H, T, side]` for the last T <= Lq queries, their last stride 1, e.g. the two halves of one table),
-        or none; `config` overrides
-        `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages). `wrap` is `wrap_triton` inside the op."""
+        or none; `config` overrides `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages). `wrap` is `wrap_triton` inside
+        the op."""
         batch, heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
