@@ -35,10 +35,11 @@
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
 #          then (once every other part has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
-#          list, picks others), with the split models' table
+#          list, picks others), with the split models' table, then parity with Meta's SAM3 under bf16 autocast
 #   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; LEVERS_PARTS,
-#          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 without them (or with LEVERS_BASE's,
-#          a TOML list) and with pipeline.toml's (scripts/part_times.py), then eager parity with them
+#          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (LEVERS_SHAPES picks others)
+#          without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's (or LEVERS_ON's)
+#          (scripts/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
@@ -50,7 +51,8 @@
 # own from the start. Where the pinned toolchain fails, a build falls back to toolkit=machine (the build's log
 # and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
 # attentions on SDPA is retried once with them eager (pipeline.toml [export] masked_attention; its log says).
-# Builds share the machine's cores, so compile times are upper bounds; benches run after the builds.
+# Builds share the machine's cores, so compile times are upper bounds; benches run after the builds, and the
+# parts that only time (heads, levers) after the benches, one after the other.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
 #   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: bf16 tiny)
 #   scripts/gpu_full.sh wait SECS         wait until it ends or SECS pass, then pack reports and logs into
@@ -218,8 +220,9 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
 
 levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
     local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/part_times.py
-        --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 8)
+        --profile sam3 --precision bf16 --device cuda --shapes "${LEVERS_SHAPES:-1x1,1x16}" --kernels 8)
     cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
+    [[ -n ${LEVERS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $LEVERS_ON|" pipeline.toml
     step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
     step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
         --out "$RESULTS/levers-off"
@@ -316,11 +319,10 @@ run_all() {
     [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
-    [[ $parts == *" heads "* ]] && { heads_part & pids+=($!); }
-    [[ $parts == *" levers "* ]] && { levers_part & pids+=($!); }
     wait "${pids[@]}"
     [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status" \
-        && (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine)
+        && (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine \
+            ; step split-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine)
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
     [[ $parts == *" parity "* ]] && after parity bf16 parity
@@ -336,6 +338,8 @@ run_all() {
     [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
+    [[ $parts == *" heads "* ]] && (heads_part)
+    [[ $parts == *" levers "* ]] && (levers_part)
     return 0
 }
 
