@@ -320,9 +320,10 @@ run_all() {
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
     wait "${pids[@]}"
-    [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status" \
-        && (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine \
-            ; step split-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine)
+    if [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status"; then
+        (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine)
+        (cd "$WORK/split" && step split-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine)
+    fi
     [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
     [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
     [[ $parts == *" parity "* ]] && after parity bf16 parity
