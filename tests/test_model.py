@@ -229,13 +229,14 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     """`[export] optimizations`: each swaps in its code (the box-bias MLPs through the op `sam3_aoti::box_bias_mlp`,
     the DETR encoder's MLPs as GEMMs with a ReLU epilogue, its self-attentions and the decoder's box-biased
     cross-attentions through the op `sam3_aoti::attention`, the decoder's keys and values projected for all
-    layers at once, the pixel decoder's convolutions split into per-image and per-pair halves), and together,
-    and the last two alone, they give transformers' outputs. A box bias or an
+    layers at once, the pixel decoder's convolutions split into per-image and per-pair halves, the text
+    encoder's query, key and value projections as one GEMM), and together, and the last four alone, they give
+    transformers' outputs. A box bias or an
     attention off by 0.1 % moves them, so the comparison sees both ops."""
     import sam3_aoti.runtime.attention as attention
     import sam3_aoti.runtime.box_bias as box_bias
-    from sam3_aoti.model.wrapper import (_GridBiasAttention, _PerImageMaskDecoder, _ReluEpilogueMLP,
-                                         _SharedProjectionsDecoderLayer)
+    from sam3_aoti.model.wrapper import (_FusedQKVTextAttention, _GridBiasAttention, _PerImageMaskDecoder,
+                                         _ReluEpilogueMLP, _SharedProjectionsDecoderLayer)
     from sam3_aoti.pipeline.schema import OPTIMIZATIONS
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
@@ -248,6 +249,9 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     assert all(type(layer) is _SharedProjectionsDecoderLayer and not hasattr(layer.vision_cross_attn, "k_proj")
                and not hasattr(layer.self_attn, "q_proj") for layer in model.detr_decoder.layers)
     assert type(model.mask_decoder) is _PerImageMaskDecoder
+    text_attentions = [layer.self_attn for layer in model.text_encoder.text_model.encoder.layers]
+    assert text_attentions and all(type(a) is _FusedQKVTextAttention and not hasattr(a, "q_proj")
+                                   for a in text_attentions)
     calls = []
     layers, sdpa = box_bias.linear_layers, attention.reference
     with torch.no_grad():
@@ -269,7 +273,8 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     for off in (off_bias, off_attention):
         assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
-    for optimization in ("grid_bias_attention", "decoder_shared_projections", "pixel_decoder_per_image"):
+    for optimization in ("grid_bias_attention", "decoder_shared_projections", "pixel_decoder_per_image",
+                         "text_fused_qkv"):
         # the tables from transformers' own MLPs (no box_bias_kernel); the stacked projections with SDPA's bias
         alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=(optimization,)).eval()
         with torch.no_grad():
@@ -280,18 +285,54 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
 
 
 def test_a_convolution_after_nearest_upsampling_is_four_coarse_ones():
-    """`upsampled_conv` (`pixel_decoder_per_image`) is the 3 x 3 convolution of the 2x nearest-upsampled map,
-    borders included, on non-square maps of odd and even sides."""
+    """`phase_conv` (`pixel_decoder_per_image`) is the 3 x 3 convolution of the 2x nearest-upsampled map in phase
+    layout, borders included, on non-square maps of odd and even sides; `from_phases` undoes `to_phases`."""
     import torch.nn.functional as F
 
-    from sam3_aoti.model.wrapper import upsampled_conv
+    from sam3_aoti.model.wrapper import from_phases, phase_conv, to_phases
 
     torch.manual_seed(0)
     for shape in [(2, 5, 6, 7), (1, 3, 1, 4), (3, 8, 9, 9)]:
         x = torch.randn(shape, dtype=torch.float64)
         weight = torch.randn(4, shape[1], 3, 3, dtype=torch.float64)
         want = F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)
-        torch.testing.assert_close(upsampled_conv(x, weight), want, atol=1e-12, rtol=1e-12)
+        got = phase_conv(x, weight)
+        assert got.shape == (shape[0], 4, 2, 2, *shape[2:])
+        torch.testing.assert_close(from_phases(got), want, atol=1e-12, rtol=1e-12)
+        assert torch.equal(to_phases(want)[:, :, 1, 0], want[:, :, 1::2, 0::2])  # phase (a, b): pixel (2h + a, 2w + b)
+        assert torch.equal(from_phases(to_phases(want)), want)
+
+
+def test_the_per_image_pixel_decoder_convolves_each_image_once_in_encode_image(tiny_model):
+    """With `pixel_decoder_per_image`, encode_image hands decode the pixel decoder's convolutions of the finer
+    levels (`laterals`, phase layout), decode on them is the whole model, prompt by prompt too, and the part that
+    exports encode_image holds those convolutions (its pruned model would otherwise fail the call)."""
+    from sam3_aoti.model.part_calls import record_part_calls
+    from sam3_aoti.model.wrapper import Part, to_phases
+
+    wrapper = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("pixel_decoder_per_image",)).eval()
+    convs = wrapper.model.mask_decoder.pixel_decoder.conv_layers
+    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=3)
+    with torch.no_grad():
+        encoded = wrapper.encode_image(images)
+        vision = wrapper.model.get_vision_features(pixel_values=images)
+        level0, level1 = vision.fpn_hidden_states[:2]
+        torch.testing.assert_close(encoded[0], to_phases(convs[1](level0)))
+        torch.testing.assert_close(encoded[1], to_phases(convs[0](level1)))
+        for got, want in zip(Part(wrapper, "encode_image")(images), encoded):
+            assert torch.equal(got, want)
+        text = wrapper.encode_text(token_ids)
+        whole = wrapper(images, token_ids)
+        for got, want in zip(wrapper.decode(*encoded, *text), whole):
+            assert torch.equal(got, want)
+        last = wrapper.decode(*encoded, *(t[2:] for t in text))  # the third prompt alone
+        for got, want in zip(last, whole):
+            torch.testing.assert_close(got, want.unflatten(0, (2, 3))[:, 2], atol=1e-5, rtol=1e-4)
+    parts = record_part_calls(wrapper, images, token_ids)
+    assert len(parts["mask decoder"].calls) == 2  # the laterals per image, then the heads per pair
+    with torch.no_grad():
+        laterals, masks = parts["mask decoder"].run()
+    assert torch.equal(laterals[0], encoded[0])
 
 
 TRITON_KERNEL_CHECK = """

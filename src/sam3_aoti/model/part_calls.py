@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 # The parts of one model call, in call order: name -> the Sam3Model children that are that part. The geometry
-# encoder is the wrapper's own no-box path (`empty_geometry_prompt`), not a module call, and the DETR encoder
-# also holds its first self-attention, which the wrapper runs per image (`self_attend`) before the encoder call.
+# encoder is the wrapper's own no-box path (`empty_geometry_prompt`), not a module call; the DETR encoder also holds
+# its first self-attention and the mask decoder its laterals, which the wrapper runs per image before their calls.
 MODEL_PARTS = {
     "ViT": ("vision_encoder",),
     "text encoder": ("text_encoder", "text_projection"),
@@ -41,16 +41,27 @@ class PartCall:
         return PartCall(self.name, calls)
 
 
+def _per_image_methods(model) -> dict[str, tuple]:
+    """The methods the wrapper calls once per image outside a part's module call: part child -> (module, name).
+    The DETR encoder's first self-attention; with `pixel_decoder_per_image`, the mask decoder's laterals."""
+    methods = {"detr_encoder": (model.detr_encoder.layers[0], "self_attend")}
+    if hasattr(model.mask_decoder, "laterals"):
+        methods["mask_decoder"] = (model.mask_decoder, "laterals")
+    return methods
+
+
 def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) -> dict[str, PartCall]:
     """Every part of `MODEL_PARTS` with the calls one `wrapper(images, token_ids)` makes of it."""
-    model, seen, vision, per_image = wrapper.model, {}, [], []
+    model, seen, vision = wrapper.model, {}, []
     children = [c for names in MODEL_PARTS.values() for c in names]
-    first_layer = model.detr_encoder.layers[0]
-    self_attend = first_layer.self_attend
+    methods = _per_image_methods(model)
+    per_image = {child: [] for child in methods}
 
-    def record_self_attend(*args):
-        per_image.append((self_attend, args, {}))
-        return self_attend(*args)
+    def recording(child, method):
+        def call(*args):
+            per_image[child].append((method, args, {}))
+            return method(*args)
+        return call
 
     def remember(child):
         def hook(module, args, kwargs):
@@ -59,19 +70,23 @@ def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) ->
 
     hooks = [model.get_submodule(c).register_forward_pre_hook(remember(c), with_kwargs=True) for c in children]
     hooks.append(model.vision_encoder.register_forward_hook(lambda module, args, out: vision.append(out)))
-    first_layer.self_attend = record_self_attend
+    for child, (module, name) in methods.items():
+        setattr(module, name, recording(child, getattr(module, name)))
     try:
         with torch.no_grad():
             wrapper(images, token_ids)
     finally:
         for hook in hooks:
             hook.remove()
-        del first_layer.self_attend
-    missing = [c for c in children if c not in seen]
-    if missing or len(vision) != 1 or len(per_image) != 1:
-        raise RuntimeError(f"one model call did not call {missing or ['vision_encoder and self_attend once']}: the parts moved in "
+        for module, name in methods.values():
+            delattr(module, name)
+    missing = [c for c in children if c not in seen] + [f"{m[1]} once" for c, m in methods.items()
+                                                         if len(per_image[c]) != 1]
+    if missing or len(vision) != 1:
+        raise RuntimeError(f"one model call did not call {missing or ['vision_encoder once']}: the parts moved in "
                            "transformers' Sam3Model; update model/part_calls.py")
-    seen["detr_encoder"] = per_image + seen["detr_encoder"]
+    for child, calls in per_image.items():
+        seen[child] = calls + seen[child]
     parts = {name: PartCall(name, [call for c in names for call in seen[c]]) for name, names in MODEL_PARTS.items()}
     parts[GEOMETRY] = PartCall(GEOMETRY, [(wrapper.empty_geometry_prompt, (vision[0],), {})])
     return parts

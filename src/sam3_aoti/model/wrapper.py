@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, Sam3Config, Sam3Model
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.clip.modeling_clip import CLIPAttention
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.sam3.modeling_sam3 import (
     Sam3Attention,
@@ -284,6 +285,30 @@ def share_decoder_projections(decoder: Sam3DetrDecoder) -> None:
     decoder.shared_projections = True
 
 
+class _FusedQKVTextAttention(CLIPAttention):
+    """`text_fused_qkv`: transformers' `CLIPAttention.forward` with the query, key and value projections as one
+    GEMM (`qkv_proj`, `stack_linears`): at a prompt's 32 tokens each projection is a latency-bound launch (the
+    text encoder's 145 GEMMs took 0.76 ms of its 1.8 at 1 x 1 on the H200). The class is swapped in on the
+    instance."""
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        heads = (*hidden_states.shape[:-1], -1, self.head_dim)
+        queries, keys, values = (t.view(heads).transpose(1, 2) for t in self.qkv_proj(hidden_states).chunk(3, -1))
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = interface(self, queries, keys, values, attention_mask, scaling=self.scale, dropout=0.0,
+                                 **kwargs)
+        return self.out_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
+def fuse_text_projections(text_encoder: nn.Module) -> None:
+    """`text_fused_qkv`: each CLIP attention's three projections as one stacked GEMM; theirs go."""
+    for module in text_encoder.modules():
+        if isinstance(module, CLIPAttention):
+            module.qkv_proj = stack_linears([module.q_proj, module.k_proj, module.v_proj])
+            del module.q_proj, module.k_proj, module.v_proj
+            module.__class__ = _FusedQKVTextAttention
+
+
 def _phase_taps(kernel: torch.Tensor, dim: int) -> torch.Tensor:
     """`[.., 3, ..]` kernel rows (along `dim`) -> `[2, .., 2, ..]`: for each output row phase of a nearest 2x
     upsampling, the kernel rows that land on each of the two coarse rows it reads, summed (rows i - 1 and i
@@ -293,28 +318,53 @@ def _phase_taps(kernel: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack([torch.stack([first, middle + last], dim), torch.stack([first + middle, last], dim)])
 
 
-def upsampled_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`conv2d(interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)` for a 3 x 3 kernel, without
-    the upsampled map: each of the four output phases is a 2 x 2 convolution of `x` (`_phase_taps`), all four
-    as one convolution with four times the channels (4/9 of the FLOPs)."""
+def phase_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`conv2d(interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)` for a 3 x 3 kernel, in phase
+    layout (`to_phases`) and without the upsampled map: each of the four output phases is a 2 x 2 convolution of
+    `x` (`_phase_taps`), all four as one convolution with four times the channels (4/9 of the FLOPs). The
+    phases are a strided view of its output (phase (a, b) starts at row a, column b), so no copy is made."""
     out_channels, height, width = weight.shape[0], x.shape[-2], x.shape[-1]
-    phases = _phase_taps(_phase_taps(weight, 2), -1).transpose(0, 1)  # [a, b, out, in, 2, 2]
-    out = F.conv2d(x, phases.reshape(4 * out_channels, weight.shape[1], 2, 2), padding=1)
-    out = out.unflatten(1, (2, 2, out_channels))  # [N, a, b, out, H + 1, W + 1]
-    rows = [torch.stack([out[:, a, b, :, a:a + height, b:b + width] for b in (0, 1)], -1) for a in (0, 1)]
-    return torch.stack(rows, -3).flatten(4, 5).flatten(2, 3)  # [N, out, H, a, W, b] -> [N, out, 2H, 2W]
+    phases = _phase_taps(_phase_taps(weight, 2), -1).permute(2, 1, 0, 3, 4, 5)  # [b, a, out, ..] -> [out, a, b, in, 2, 2]
+    out = F.conv2d(x, phases.reshape(4 * out_channels, weight.shape[1], 2, 2), padding=1).contiguous()
+    row, phase = width + 1, (height + 1) * (width + 1)  # [N, out, a, b, H + 1, W + 1]: the strides of a and b
+    return out.as_strided((x.shape[0], out_channels, 2, 2, height, width),
+                          (4 * out_channels * phase, 4 * phase, 2 * phase + row, phase + 1, row, 1))
+
+
+def to_phases(x: torch.Tensor) -> torch.Tensor:
+    """`[.., C, 2H, 2W]` -> `[.., C, 2, 2, H, W]`, `[a, b, h, w]` being pixel `(2h + a, 2w + b)`: the layout the
+    per-image pixel decoder keeps its maps in, where each phase of a nearest 2x upsampling is contiguous."""
+    return x.unflatten(-1, (-1, 2)).unflatten(-3, (-1, 2)).movedim((-3, -1), (-4, -3))  # [.., H, a, W, b] ->
+
+
+def from_phases(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `to_phases`."""
+    return x.movedim((-4, -3), (-3, -1)).flatten(-2).flatten(-3, -2)
 
 
 class _PerImageMaskDecoder(Sam3MaskDecoder):
     """`pixel_decoder_per_image`: transformers' `Sam3MaskDecoder.forward` with the backbone levels per image
     (`pairs_per_image` pairs each). Each pixel decoder stage is `relu(norm(conv(upsample(pixels) + level)))`, and
-    the convolution is linear: `conv(level)` runs once per image, `conv(upsample(pixels))` per pair as
-    `upsampled_conv`. The 1 x 1 instance projection is folded into the mask embeddings (`(m W) . p + m . b` for
-    `m . (W p + b)`), so the per-pair `[C, 288, 288]` map it wrote (at SAM3's size) is never stored. The
-    semantic head, which no output reads, is left out. The class is swapped in on the instance."""
+    the convolution is linear: `conv(level)` runs once per image (`laterals`, in `encode_image`),
+    `conv(upsample(pixels))` per pair as `phase_conv`. The stages keep their maps in phase layout (a group norm's
+    statistics do not depend on the pixels' order), so the norm reads the convolution's output where it lies,
+    and only the masks are put back in pixel order, as they are cast to fp32. The 1 x 1 instance projection is
+    folded into the mask embeddings (`(m W) . p + m . b` for `m . (W p + b)`), so the per-pair `[C, 288, 288]`
+    map it wrote (at SAM3's size) is never stored. The semantic head, which no output reads, is left out. The
+    class is swapped in on the instance."""
+
+    def laterals(self, level0: torch.Tensor, level1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per image: each finer backbone level's pixel decoder convolution (with its bias), in phase layout."""
+        for level, coarser in ((level0, level1), (level1, None)):
+            if coarser is not None and level.shape[-2:] != (2 * coarser.shape[-2], 2 * coarser.shape[-1]):
+                raise ValueError(f"pixel_decoder_per_image: a level of {tuple(level.shape[-2:])} after one of "
+                                 f"{tuple(coarser.shape[-2:])}; it needs each level twice the last's size")
+        convs = self.pixel_decoder.conv_layers  # the first for the coarser level (transformers' order)
+        return to_phases(convs[1](level0)).contiguous(), to_phases(convs[0](level1)).contiguous()
 
     def forward(self, decoder_queries, backbone_features, encoder_hidden_states, prompt_features, prompt_mask,
                 pairs_per_image, **kwargs):
+        """`backbone_features`: `laterals`' two maps, then any tensor shaped as the coarsest level."""
         normed = self.prompt_cross_attn_norm(encoder_hidden_states)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=normed,
                                          encoder_hidden_states=prompt_features, attention_mask=prompt_mask)
@@ -324,16 +374,19 @@ class _PerImageMaskDecoder(Sam3MaskDecoder):
         height, width = backbone_features[-1].shape[-2:]
         pixels = tokens[:, :height * width].transpose(1, 2).reshape(tokens.shape[0], -1, height, width)
         decoder = self.pixel_decoder
-        for conv, norm, level in zip(decoder.conv_layers, decoder.norms, reversed(backbone_features[:-1])):
-            if tuple(level.shape[-2:]) != (2 * pixels.shape[-2], 2 * pixels.shape[-1]):
-                raise ValueError(f"pixel_decoder_per_image: a level of {tuple(level.shape[-2:])} after one of "
-                                 f"{tuple(pixels.shape[-2:])}; it needs each level twice the last's size")
-            lateral = conv(level).repeat_interleave(pairs_per_image, dim=0)  # per image, with the bias
-            pixels = F.relu(norm(upsampled_conv(pixels, conv.weight) + lateral))
+        laterals = reversed(backbone_features[:-1])
+        for stage, (conv, norm, lateral) in enumerate(zip(decoder.conv_layers, decoder.norms, laterals)):
+            if stage:
+                pixels = from_phases(pixels)
+            if lateral.shape[-2:] != pixels.shape[-2:]:
+                raise ValueError(f"pixel_decoder_per_image: a lateral of {tuple(lateral.shape)} after a map of "
+                                 f"{tuple(pixels.shape)}; want `laterals` of levels twice each other's size")
+            pixels = F.relu(norm(phase_conv(pixels, conv.weight) + lateral.repeat_interleave(pairs_per_image, 0)))
         embeddings = self.mask_embedder(decoder_queries)
         projection = self.instance_projection
-        masks = torch.einsum("bqc,bchw->bqhw", embeddings @ projection.weight.flatten(1), pixels)
-        return Sam3MaskDecoderOutput(pred_masks=masks + (embeddings @ projection.bias)[..., None, None])
+        masks = torch.einsum("bqc,bcp->bqp", embeddings @ projection.weight.flatten(1), pixels.flatten(2))
+        masks = masks + (embeddings @ projection.bias)[..., None]
+        return Sam3MaskDecoderOutput(pred_masks=from_phases(masks.unflatten(-1, pixels.shape[2:])))
 
 
 class _PerPairDetrEncoderLayer(Sam3DetrEncoderLayer):
@@ -409,6 +462,8 @@ def optimize(model: Sam3Model, optimizations) -> None:
         share_decoder_projections(model.detr_decoder)
     if "pixel_decoder_per_image" in optimizations:
         model.mask_decoder.__class__ = _PerImageMaskDecoder
+    if "text_fused_qkv" in optimizations:
+        fuse_text_projections(model.text_encoder)
     if "attention_kernel" in optimizations:
         AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
         for layer in model.detr_encoder.layers:  # their configs are their own (`set_masked_attention`)
@@ -587,14 +642,23 @@ class Sam3Grounding(nn.Module):
         return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
 
     def encode_image(self, images: torch.Tensor):
-        """Per image, what the heads read of it: the two finer FPN levels (the mask decoder's), the DETR's
+        """Per image, what the heads read of it: the two finer FPN levels (the mask decoder's; with
+        `pixel_decoder_per_image`, their pixel-decoder convolutions, `_PerImageMaskDecoder.laterals`), the DETR's
         level after the DETR encoder's first self-attention (which sees no prompt), the position encoding of
         that level, and the no-box geometry prompt (it attends to the image only)."""
         vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
         level0, level1, level2 = vision.fpn_hidden_states[:-1]  # Sam3Model drops the coarsest level
         position = vision.fpn_position_encoding[-2]
         attended = self.model.detr_encoder.layers[0].self_attend(level2, position)
+        if self.per_image_laterals:  # the mask decoder's per-image convolutions of them, once per image
+            level0, level1 = self.model.mask_decoder.laterals(level0, level1)
         return level0, level1, attended, position, self.empty_geometry_prompt(vision)
+
+    @property
+    def per_image_laterals(self) -> bool:
+        """`pixel_decoder_per_image`: the finer levels go to the heads as their convolutions (a part's pruned
+        model may hold no mask decoder: `Part`)."""
+        return isinstance(self.model._modules.get("mask_decoder"), _PerImageMaskDecoder)
 
     def encode_text(self, token_ids: torch.Tensor):
         """Per prompt: the text encoder's token features and their mask (`token_ids != 0`)."""
@@ -625,7 +689,7 @@ class Sam3Grounding(nn.Module):
         logits = model.dot_product_scoring(decoder_hidden_states=queries[None], text_features=prompt,
                                            text_mask=prompt_mask)[0]
         # the mask decoder reads only the shape of its last level: the DETR encoder's output takes its place
-        if isinstance(model.mask_decoder, _PerImageMaskDecoder):
+        if self.per_image_laterals:  # level0 and level1 are their laterals
             levels, per_image = [level0, level1, attended], {"pairs_per_image": prompts}
         else:
             levels, per_image = [pairs(level0), pairs(level1), attended], {}
@@ -653,6 +717,7 @@ class Sam3Grounding(nn.Module):
 
 
 # `model` = decode(*encode_image(images), *encode_text(token_ids)); each part and the Sam3Model submodules it reads
+# (encode_image also the pixel decoder's convolutions with `pixel_decoder_per_image`: `Part`)
 PARTS = {
     "encode_image": ("vision_encoder", "geometry_encoder", "detr_encoder.layers.0"),
     "encode_text": ("text_encoder", "text_projection"),
@@ -680,7 +745,8 @@ class Part(nn.Module):
 
     def __init__(self, grounding: Sam3Grounding, name: str):
         super().__init__()
-        model = _pruned(grounding.model, PARTS[name])
+        laterals = name == "encode_image" and grounding.per_image_laterals
+        model = _pruned(grounding.model, PARTS[name] + (("mask_decoder.pixel_decoder.conv_layers",) * laterals))
         view = copy.copy(grounding)
         view._modules = {"model": model}
         self.model = model

@@ -5,8 +5,10 @@ exporter writes it into the metadata, the loader, `predict` and the consumer tes
 METADATA_FORMAT = "sam3-aoti/2"
 OUTPUT_NAMES = ("pred_logits", "pred_boxes", "pred_masks", "presence_logit_dec")
 # The split models' features (a split package): encode_image's outputs, then encode_text's; decode takes both.
-# fpn_level2_attended: the DETR's level after the DETR encoder's first self-attention (it sees no prompt).
-IMAGE_FEATURES = ("fpn_level0", "fpn_level1", "fpn_level2_attended", "position_encoding", "geometry_prompt")
+# mask_level0/1: what the mask decoder reads of the two finer FPN levels (the levels; with the optimization
+# pixel_decoder_per_image, their pixel-decoder convolutions, in its phase layout). fpn_level2_attended: the DETR's
+# level after the DETR encoder's first self-attention (it sees no prompt).
+IMAGE_FEATURES = ("mask_level0", "mask_level1", "fpn_level2_attended", "position_encoding", "geometry_prompt")
 TEXT_FEATURES = ("text_features", "text_mask")
 
 PAIRING = "pair i = (image i // num_prompts, prompt i % num_prompts)"
