@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, Sam3Config, Sam3Model
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.models.clip.modeling_clip import CLIPAttention
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.clip.modeling_clip import CLIPAttention
 from transformers.models.sam3.modeling_sam3 import (
     Sam3Attention,
     Sam3DetrDecoder,
@@ -321,20 +321,21 @@ def _phase_taps(kernel: torch.Tensor, dim: int) -> torch.Tensor:
 def phase_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`conv2d(interpolate(x, scale_factor=2, mode="nearest"), weight, padding=1)` for a 3 x 3 kernel, in phase
     layout (`to_phases`) and without the upsampled map: each of the four output phases is a 2 x 2 convolution of
-    `x` (`_phase_taps`), all four as one convolution with four times the channels (4/9 of the FLOPs). The
-    phases are a strided view of its output (phase (a, b) starts at row a, column b), so no copy is made."""
+    `x` (`_phase_taps`), all four as one convolution with four times the channels (4/9 of the FLOPs); phase
+    (a, b) is its output from row a, column b on, taken as slices (an `as_strided` view of it drifted in the
+    exported program on the H200: benchmarks/README.md)."""
     out_channels, height, width = weight.shape[0], x.shape[-2], x.shape[-1]
-    phases = _phase_taps(_phase_taps(weight, 2), -1).permute(2, 1, 0, 3, 4, 5)  # [b, a, out, ..] -> [out, a, b, in, 2, 2]
-    out = F.conv2d(x, phases.reshape(4 * out_channels, weight.shape[1], 2, 2), padding=1).contiguous()
-    row, phase = width + 1, (height + 1) * (width + 1)  # [N, out, a, b, H + 1, W + 1]: the strides of a and b
-    return out.as_strided((x.shape[0], out_channels, 2, 2, height, width),
-                          (4 * out_channels * phase, 4 * phase, 2 * phase + row, phase + 1, row, 1))
+    phases = _phase_taps(_phase_taps(weight, 2), -1).permute(2, 1, 0, 3, 4, 5)  # [b, a, out, ..] -> [out, a, b, ..]
+    out = F.conv2d(x, phases.reshape(4 * out_channels, weight.shape[1], 2, 2), padding=1)
+    out = out.unflatten(1, (out_channels, 2, 2))  # [N, out, a, b, H + 1, W + 1]
+    rows = torch.stack([out[:, :, 0, :, :height], out[:, :, 1, :, 1:]], 2)  # [N, out, a, b, H, W + 1]
+    return torch.stack([rows[:, :, :, 0, :, :width], rows[:, :, :, 1, :, 1:]], 3)
 
 
 def to_phases(x: torch.Tensor) -> torch.Tensor:
     """`[.., C, 2H, 2W]` -> `[.., C, 2, 2, H, W]`, `[a, b, h, w]` being pixel `(2h + a, 2w + b)`: the layout the
     per-image pixel decoder keeps its maps in, where each phase of a nearest 2x upsampling is contiguous."""
-    return x.unflatten(-1, (-1, 2)).unflatten(-3, (-1, 2)).movedim((-3, -1), (-4, -3))  # [.., H, a, W, b] ->
+    return x.unflatten(-1, (-1, 2)).unflatten(-3, (-1, 2)).movedim((-3, -1), (-4, -3))  # from [.., H, a, W, b]
 
 
 def from_phases(x: torch.Tensor) -> torch.Tensor:
@@ -355,10 +356,9 @@ class _PerImageMaskDecoder(Sam3MaskDecoder):
 
     def laterals(self, level0: torch.Tensor, level1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per image: each finer backbone level's pixel decoder convolution (with its bias), in phase layout."""
-        for level, coarser in ((level0, level1), (level1, None)):
-            if coarser is not None and level.shape[-2:] != (2 * coarser.shape[-2], 2 * coarser.shape[-1]):
-                raise ValueError(f"pixel_decoder_per_image: a level of {tuple(level.shape[-2:])} after one of "
-                                 f"{tuple(coarser.shape[-2:])}; it needs each level twice the last's size")
+        if level0.shape[-2:] != (2 * level1.shape[-2], 2 * level1.shape[-1]):
+            raise ValueError(f"pixel_decoder_per_image: a level of {tuple(level0.shape[-2:])} after one of "
+                             f"{tuple(level1.shape[-2:])}; it needs each level twice the next one's size")
         convs = self.pixel_decoder.conv_layers  # the first for the coarser level (transformers' order)
         return to_phases(convs[1](level0)).contiguous(), to_phases(convs[0](level1)).contiguous()
 
