@@ -41,11 +41,12 @@ class PartCall:
         return PartCall(self.name, calls)
 
 
-def _per_image_methods(model) -> dict[str, tuple]:
+def _per_image_methods(wrapper) -> dict[str, tuple]:
     """The methods the wrapper calls once per image outside a part's module call: part child -> (module, name).
     The DETR encoder's first self-attention; with `pixel_decoder_per_image`, the mask decoder's laterals."""
+    model = wrapper.model
     methods = {"detr_encoder": (model.detr_encoder.layers[0], "self_attend")}
-    if hasattr(model.mask_decoder, "laterals"):
+    if wrapper.per_image_laterals:
         methods["mask_decoder"] = (model.mask_decoder, "laterals")
     return methods
 
@@ -54,7 +55,7 @@ def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) ->
     """Every part of `MODEL_PARTS` with the calls one `wrapper(images, token_ids)` makes of it."""
     model, seen, vision = wrapper.model, {}, []
     children = [c for names in MODEL_PARTS.values() for c in names]
-    methods = _per_image_methods(model)
+    methods = _per_image_methods(wrapper)
     per_image = {child: [] for child in methods}
 
     def recording(child, method):

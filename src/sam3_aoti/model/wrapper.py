@@ -630,13 +630,14 @@ class Sam3Grounding(nn.Module):
                    **options)
 
     @classmethod
-    def built_as(cls, model: Sam3Model, settings) -> "Sam3Grounding":
-        """The wrapper the export stage exports: the build's precision and `[export]` attention choices."""
+    def built_as(cls, model: Sam3Model, settings, optimizations=None) -> "Sam3Grounding":
+        """The wrapper the export stage exports: the build's precision and `[export]` attention choices, and its
+        optimizations unless `optimizations` names others."""
         opts = settings.stage("export")
+        optimizations = opts.get("optimizations", ()) if optimizations is None else optimizations
         return cls.at(model, settings.spec, masked_attention=opts["masked_attention"],
                       box_path_attention=opts["box_path_attention"],
-                      box_path_linears=opts["box_path_linears"],
-                      optimizations=tuple(opts.get("optimizations", ()))).eval()
+                      box_path_linears=opts["box_path_linears"], optimizations=tuple(optimizations)).eval()
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
         return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
