@@ -235,8 +235,8 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     attention off by 0.1 % moves them, so the comparison sees both ops."""
     import sam3_aoti.runtime.attention as attention
     import sam3_aoti.runtime.box_bias as box_bias
-    from sam3_aoti.model.wrapper import (_FusedQKVTextAttention, _GridBiasAttention, _PerImageMaskDecoder,
-                                         _ReluEpilogueMLP, _SharedProjectionsDecoderLayer)
+    from sam3_aoti.model.wrapper import (_ChannelStatsGroupNorm, _FusedQKVTextAttention, _GridBiasAttention,
+                                         _PerImageMaskDecoder, _ReluEpilogueMLP, _SharedProjectionsDecoderLayer)
     from sam3_aoti.pipeline.schema import OPTIMIZATIONS
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=13)
@@ -249,6 +249,7 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     assert all(type(layer) is _SharedProjectionsDecoderLayer and not hasattr(layer.vision_cross_attn, "k_proj")
                and not hasattr(layer.self_attn, "q_proj") for layer in model.detr_decoder.layers)
     assert type(model.mask_decoder) is _PerImageMaskDecoder
+    assert all(type(norm) is _ChannelStatsGroupNorm for norm in model.mask_decoder.pixel_decoder.norms)
     text_attentions = [layer.self_attn for layer in model.text_encoder.text_model.encoder.layers]
     assert text_attentions and all(type(a) is _FusedQKVTextAttention and not hasattr(a, "q_proj")
                                    for a in text_attentions)
@@ -274,7 +275,7 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
     for off in (off_bias, off_attention):
         assert any(float((o - w).abs().max()) > 1e-5 for o, w in zip(off, want))
     for optimization in ("grid_bias_attention", "decoder_shared_projections", "pixel_decoder_per_image",
-                         "text_fused_qkv"):
+                         "text_fused_qkv", "group_norm_by_channel"):
         # the tables from transformers' own MLPs (no box_bias_kernel); the stacked projections with SDPA's bias
         alone = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=(optimization,)).eval()
         with torch.no_grad():
@@ -282,6 +283,30 @@ def test_the_optimizations_compute_what_transformers_does(tiny_model):
                 torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=f"{optimization}: {name}")
     with pytest.raises(ValueError, match="unknown optimizations"):
         Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("fast",))
+
+
+def test_a_group_norm_reduced_per_channel_first_is_torchs():
+    """`group_norm_by_channel` equals `nn.GroupNorm` in pixel order and in phase layout, on maps whose mean (100)
+    is far from zero against their spread (0.7), where `E[x^2] - E[x]^2` in fp32 loses the variance, and in
+    bf16 it is as close to the fp64 result as torch's own bf16 group norm."""
+    from sam3_aoti.model.wrapper import _ChannelStatsGroupNorm
+
+    torch.manual_seed(0)
+    for shape in [(2, 16, 9, 7), (3, 16, 2, 2, 5, 6), (1, 16, 1, 1)]:
+        norm = torch.nn.GroupNorm(4, 16).double()
+        with torch.no_grad():
+            norm.weight.normal_(), norm.bias.normal_()
+        ours = copy.deepcopy(norm)
+        ours.__class__ = _ChannelStatsGroupNorm
+        channel_offsets = torch.randn(1, 16, *[1] * (len(shape) - 2), dtype=torch.float64) * 0.5
+        x = torch.randn(shape, dtype=torch.float64) * 0.5 + channel_offsets + 100
+        with torch.no_grad():
+            want = norm(x)
+            torch.testing.assert_close(ours(x), want, atol=1e-10, rtol=1e-10)
+            torch.testing.assert_close(ours.float()(x.float()).double(), want, atol=2e-4, rtol=1e-4)
+            theirs_bf16 = (norm.bfloat16()(x.bfloat16()).double() - want).abs().max()
+            ours_bf16 = (ours.bfloat16()(x.bfloat16()).double() - want).abs().max()
+            assert ours_bf16 <= 1.5 * theirs_bf16 + 1e-2, (ours_bf16, theirs_bf16)
 
 
 def test_a_convolution_after_nearest_upsampling_is_four_coarse_ones():

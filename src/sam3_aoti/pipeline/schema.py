@@ -116,7 +116,8 @@ PARITY_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.parity)  #
 REQUIRED, OPTIONAL = True, False
 # What `[export] optimizations` may name: model.wrapper.optimize swaps each in (same arithmetic, faster kernels)
 OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "grid_bias_attention",
-                 "decoder_shared_projections", "pixel_decoder_per_image", "text_fused_qkv")
+                 "decoder_shared_projections", "pixel_decoder_per_image", "text_fused_qkv",
+                 "group_norm_by_channel")
 PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}
 VERIFY_TOLERANCES = {
     "max_abs": (*TOLERANCE, REQUIRED), "max_rel": (*TOLERANCE, OPTIONAL), "pearson_min": (*UNIT, REQUIRED),
