@@ -426,6 +426,37 @@ def test_bench_counts_the_flops_inside_the_projects_ops():
     assert counted(torch.ops.sam3_aoti.box_bias_mlp, *mlp) == counted(box_bias.linear_layers, *mlp) > 0
 
 
+
+def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
+    """bench's floor per part reads each weight once: a call through two of three linears reads those two (a
+    transpose or slice of a weight counts as the weight, a weight used twice once, an embedding table the rows
+    looked up); a model part reads what
+    its modules hold (the ViT all of its weights), and together no more than the model holds."""
+    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+    from sam3_aoti.stages.bench import flops_and_weights_of
+
+    layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    per_linear = (8 * 8 + 8) * 4
+    x = torch.randn(2, 8)
+    through_two = lambda: layers[1](layers[0](x)) + (x @ layers[0].weight.t()[:, :4]).sum()  # noqa: E731
+    _, read = flops_and_weights_of(layers, (), through_two)
+    assert read == 2 * per_linear
+    table = torch.nn.Embedding(100, 8)
+    _, read = flops_and_weights_of(table, (torch.tensor([[3, 5, 3], [7, 0, 0]]),))
+    assert read == 4 * 8 * 4  # the four distinct rows looked up, not the table
+    images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=7)
+    parts = record_part_calls(wrapper, images, token_ids)
+    reads = {name: flops_and_weights_of(wrapper, (), parts[name].run)[1] for name in MODEL_PARTS}
+    vit = tiny_model.vision_encoder
+    weights, buffers = (sum(t.nbytes for t in ts) for ts in (vit.parameters(), vit.buffers()))
+    assert weights <= reads["ViT"] <= weights + buffers  # every weight (and the buffers it uses: not RoPE's spare)
+    assert all(reads[name] > 0 for name in MODEL_PARTS)
+    everything = sum(t.untyped_storage().nbytes() for t in (*wrapper.parameters(), *wrapper.buffers()))
+    assert sum(reads.values()) <= everything
+    _, whole = flops_and_weights_of(wrapper, (images, token_ids))
+    assert whole <= sum(reads.values())  # every weight the whole call reads, some part reads
+
+
 ATTENTION_KERNEL_CHECK = """
 import torch
 from sam3_aoti.runtime.attention import launch_attention, reference

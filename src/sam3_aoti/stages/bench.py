@@ -10,13 +10,14 @@ package's parts (`[export] split`) are timed alone at each shape, with their FLO
 text encoder, the heads, and new prompts against encoded images. And where a call's time goes by model part
 (`[bench] model_parts`): ViT, text encoder, geometry encoder, DETR encoder, DETR decoder, mask decoder and
 scoring, each compiled alone (torch.compile, CUDA graphs on the GPU) from the build's own wrapper and fed what
-one whole call gives it, with FLOPs and achieved rate, beside the package's `transforms`. Every column warms up
-at every shape before any is timed, and the rows rotate the order the columns run in. Writes bench.json,
-bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
+one whole call gives it, with FLOPs, weights read, achieved rate and (on the GPU) the floor of each part,
+beside the package's `transforms`. Every column warms up at every shape before any is timed, and the rows
+rotate the order the columns run in. Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -144,18 +145,28 @@ def part_wrapper(settings: Settings):
     return Sam3Grounding.built_as(load_model(settings).to(settings.device), settings)
 
 
-def time_part(wrapper, part, how: str, compiled: dict, device: str, opts: dict, gemm: float | None) -> dict:
+def time_part(wrapper, part, how: str, compiled: dict, device: str, opts: dict, gemm: float | None,
+              memory: float | None = None) -> dict:
     """One model part (`model.part_calls.PartCall`) timed alone, "compiled" (torch.compile, CUDA graphs on the
-    GPU; `compiled` keeps the compiled callables across shapes) or "eager", with its FLOPs and achieved rate."""
+    GPU; `compiled` keeps the compiled callables across shapes) or "eager", with its FLOPs, the bytes of the
+    weights it reads and its achieved rate. With the card's GEMM rate (TFLOP/s) and memory rate (GB/s), also
+    its floor: its FLOPs at the one or its weights read once at the other, whichever takes longer (a lower
+    bound: activations are not counted), and the share of that floor the part reaches."""
     import torch
 
     mode = "reduce-overhead" if device == "cuda" else None
     runner = part.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else part
     result = measure(runner.run, (), device, max(opts["warmup"], 3), opts["iters"])
-    flop = flops_of(wrapper, (), part.run)
-    result.update(flop=flop, tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
+    flop, weight_bytes = flops_and_weights_of(wrapper, (), part.run)
+    result.update(flop=flop, weight_bytes=weight_bytes,
+                  tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
     if gemm:
         result["share_of_gemm_rate"] = round(result["tflop_per_s"] / gemm, 3)
+    if gemm and memory:
+        flop_ms, weights_ms = flop / (gemm * 1e9), weight_bytes / (memory * 1e6)
+        floor = max(flop_ms, weights_ms)
+        result.update(floor_ms=round(floor, 4), floor_of="FLOPs" if flop_ms >= weights_ms else "weights",
+                      share_of_floor=round(floor / result["median_ms"], 3))
     return result
 
 
@@ -163,18 +174,20 @@ RAW_FRAME = (1080, 1920)  # what the transforms row resizes: B frames of this si
 
 
 def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled: dict, device: str, opts: dict,
-                     whole_ms: float | None, gemm: float | None) -> dict:
+                     whole_ms: float | None, gemm: float | None, memory: float | None = None) -> dict:
     """Each model part at this shape alone, fed what one whole call gives it (model.part_calls), `how`
     "compiled" (torch.compile, one compile per part kept across shapes in `compiled`; CUDA graphs on the GPU)
-    or "eager", with its FLOPs (FlopCounterMode on the part) and achieved rate. `whole_ms`, the package's own
-    call at this shape, less the parts' sum is what runs between them (and what fusing across them saves).
+    or "eager", with its FLOPs (FlopCounterMode on the part), weights read, achieved rate and floor
+    (`time_part`). `whole_ms`, the package's own call at this shape, less the parts' sum is what runs between
+    them (and what fusing across them saves).
     The package's own `transforms` is timed on B raw frames beside them (before the model call, not in it)."""
     import torch
 
     from ..model.part_calls import record_part_calls
 
     parts = record_part_calls(wrapper, images, token_ids)
-    rows = {name: time_part(wrapper, part, how, compiled, device, opts, gemm) for name, part in parts.items()}
+    rows = {name: time_part(wrapper, part, how, compiled, device, opts, gemm, memory)
+            for name, part in parts.items()}
     frames = torch.rand(images.shape[0], 3, *RAW_FRAME, device=images.device) * 255
     before = measure(transforms, (frames,), device, opts["warmup"], opts["iters"])
     total = round(sum(r["median_ms"] for r in rows.values()), 2)
@@ -186,22 +199,82 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
 
 def flops_of(module, args, call=None) -> int:
     """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
-    (matmuls, convolutions, attention). Its module tracker hooks autograd, which no_grad tensors of parameters
-    that require grad trip over: they are frozen for the count."""
+    (matmuls, convolutions, attention)."""
+    return flops_and_weights_of(module, args, call)[0]
+
+
+def flops_and_weights_of(module, args, call=None) -> tuple[int, int]:
+    """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
+    (matmuls, convolutions, attention), and the bytes of `module`'s weights the call reads (`weights_read`). The
+    counter's module tracker hooks autograd, which no_grad tensors of parameters that require grad trip over:
+    they are frozen for the count."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     trainable = [p for p in module.parameters() if p.requires_grad]
-    counter = FlopCounterMode(display=False)
+    counter, reads = FlopCounterMode(display=False), weights_read(module)
     try:
         for p in trainable:
             p.requires_grad_(False)
-        with torch.no_grad(), counter:
+        with torch.no_grad(), counter, reads:
             (call or module)(*args)
     finally:
         for p in trainable:
             p.requires_grad_(True)
-    return counter.get_total_flops()
+    return counter.get_total_flops(), reads.bytes
+
+
+def weights_read(module):
+    """A dispatch mode that counts, in `.bytes`, the bytes of `module`'s parameters and buffers that the ops run
+    under it read, each storage once (a view of a weight, its transpose or a slice, counts as all of it; of an
+    embedding table, the rows looked up): what a part moves at least once per call, whatever its kernels."""
+    return _weights_read_mode()(module)
+
+
+@functools.lru_cache(maxsize=1)
+def _weights_read_mode():  # made on first use: the stage modules import no torch at load
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class WeightsRead(TorchDispatchMode):
+        def __init__(self, module):
+            super().__init__()
+            self.sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                          for t in (*module.parameters(), *module.buffers())}
+            self.read: set[int] = set()
+            self.rows: dict[int, tuple[int, set]] = {}  # embedding table -> (bytes per row, rows looked up)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if func is torch.ops.aten.embedding.default:  # (table, indices, ...): the table's rows it gathers
+                table, indices = args[0], args[1]
+                row_bytes, rows = self.rows.setdefault(table.untyped_storage().data_ptr(),
+                                                       (table[0].nbytes, set()))
+                rows.update(indices.unique().tolist())
+                tensors = tensors[1:]
+            self.read.update(p for p in (t.untyped_storage().data_ptr() for t in tensors) if p in self.sizes)
+            return func(*args, **kwargs)
+
+        @property
+        def bytes(self) -> int:
+            gathered = sum(row_bytes * len(rows) for ptr, (row_bytes, rows) in self.rows.items()
+                           if ptr in self.sizes and ptr not in self.read)
+            return sum(self.sizes[ptr] for ptr in self.read) + gathered
+
+    return WeightsRead
+
+
+def copy_gbps(iters: int = 10) -> float:
+    """The card's memory rate in this run: bytes read and written by a 2 GiB device-to-device copy, median of
+    `iters`, in GB/s (what a part that only streams its weights could reach)."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = statistics.median(time_calls(dst.copy_, (src,), "cuda", 3, iters))
+    return round(2 * src.nbytes / (ms * 1e-3) / 1e9, 1)
 
 
 def gemm_tflops(iters: int = 10) -> float:
@@ -390,9 +463,9 @@ def run(settings: Settings) -> None:
     meta = meta_backend(settings) if "meta" in columns else None
     if cuda and meta is None and "meta" in columns:
         log.info("Meta's sam3 is not importable here (or not the full model): its column is left out")
-    gemm = gemm_tflops() if cuda else None
+    gemm, memory = (gemm_tflops(), copy_gbps()) if cuda else (None, None)
     if gemm:
-        log.info("bf16 GEMM 8192^3 on this card: %.0f TFLOP/s", gemm)
+        log.info("bf16 GEMM 8192^3 on this card: %.0f TFLOP/s; a 2 GiB copy: %.0f GB/s", gemm, memory)
     shapes = [tuple(s) for s in opts["shapes"]]
     inputs = {(b, p): bench_inputs(eager.model.config, package, b, p, settings.device) for b, p in shapes}
 
@@ -424,7 +497,7 @@ def run(settings: Settings) -> None:
             whole = row["backends"].get(COLUMNS["aoti_graphs"]) or row["backends"].get(COLUMNS["aoti"])
             row["model_parts"] = model_part_times(wrapper, package.transforms, images, token_ids, parts_how,
                                                   compiled_parts, settings.device, opts,
-                                                  whole["median_ms"] if whole else None, gemm)
+                                                  whole["median_ms"] if whole else None, gemm, memory)
         rows.append(row)
         if cuda and (b, p) == PROFILE_SHAPE:
             breakdown = kernel_breakdown(package.model, (images, token_ids))
@@ -436,6 +509,7 @@ def run(settings: Settings) -> None:
             "package_bytes": paths.package.stat().st_size, "fallback_bytes": paths.fallback_package.stat().st_size,
             "load_seconds": loads, "fallback_load_seconds": round(fallback_s, 2),
             "gpu": torch.cuda.get_device_name(0) if cuda else None, "bf16_gemm_tflops": gemm,
+            "copy_gbps": memory,
             "versions": package.metadata.get("versions", {}), "torch": torch.__version__,
             "warmup": opts["warmup"], "iters": opts["iters"], "rows": rows, "aoti_kernels_at_2x3": breakdown,
             "cuda_graphs": graphed and {"captures": graphed.graph_runner.captures,
@@ -482,11 +556,19 @@ def bench_report(settings: Settings, info: dict) -> Report:
                               *(r["model_parts"]["parts"][n]["median_ms"] for n in names),
                               r["model_parts"]["sum_ms"], dash(r["model_parts"]["package_ms"]),
                               dash(r["model_parts"]["between_ms"])] for r in by_part]))
-        rated = "share_of_gemm_rate" in by_part[0]["model_parts"]["parts"][names[0]]
-        rate = "The same parts' GFLOP and achieved TFLOP/s" + (" (share of the GEMM rate)" if rated else "")
+        first = by_part[0]["model_parts"]["parts"][names[0]]
+        rate = ("The same parts' GFLOP, the weights they read and their achieved TFLOP/s"
+                + (" (share of the GEMM rate)" if "share_of_gemm_rate" in first else ""))
         tables.append(Table(rate, ["B", "P", *names],
                             [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names)]
                              for r in by_part]))
+        if "floor_ms" in first:
+            tables.append(Table("The same parts against their floor: their FLOPs at the GEMM rate or their weights "
+                                "read once at the copy rate, whichever takes longer (a lower bound: activations "
+                                "are not counted); ms, and the share of it each part reaches",
+                                ["B", "P", *names],
+                                [[r["batch"], r["prompts"], *(part_floor(r["model_parts"]["parts"][n]) for n in names)]
+                                 for r in by_part]))
     kernels = info.get("aoti_kernels_at_2x3")
     if kernels:
         tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",
@@ -495,7 +577,8 @@ def bench_report(settings: Settings, info: dict) -> Report:
                             + [["GPU idle between kernels", kernels["gpu_idle_ms_per_call"]],
                                ["wall (CUDA events)", kernels["wall_ms_per_call"]],
                                ["launches per call", kernels["launches_per_call"]]]))
-    gemm = f"; this card's bf16 GEMM rate in this run: {info['bf16_gemm_tflops']} TFLOP/s" if info["bf16_gemm_tflops"] else ""
+    gemm = (f"; this card's bf16 GEMM rate in this run: {info['bf16_gemm_tflops']} TFLOP/s, its copy rate "
+            f"{info.get('copy_gbps')} GB/s (bytes read and written)" if info["bf16_gemm_tflops"] else "")
     notes = [f"{info['date']}, weights {info['weights']}: median (p90) of {info['iters']} calls after {info['warmup']} "
              f"warm-up, same pixels and prompts for every column{gemm}. 'best' is the fastest column of the row. "
              "Every column warms up at every shape before any is timed, and each row times the columns in a "
@@ -514,7 +597,11 @@ def dash(value):
 
 def part_rate(part: dict) -> str:
     share = f" ({part['share_of_gemm_rate']:.0%})" if "share_of_gemm_rate" in part else ""
-    return f"{part['flop'] / 1e9:.4g} GFLOP, {part['tflop_per_s']}{share}"
+    return f"{part['flop'] / 1e9:.4g} GFLOP, {part['weight_bytes'] / 1e6:.4g} MB, {part['tflop_per_s']}{share}"
+
+
+def part_floor(part: dict) -> str:
+    return f"{part['floor_ms']:.3g} ({part['floor_of']}), {part['share_of_floor']:.0%}"
 
 
 def plot(rows: list[dict], title: str) -> bytes:
