@@ -50,7 +50,7 @@ def main() -> None:
     from sam3_aoti.model.part_calls import record_part_calls
     from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs
     from sam3_aoti.pipeline.settings import load_settings
-    from sam3_aoti.stages.bench import copy_gbps, gemm_tflops, time_part, top_kernels
+    from sam3_aoti.stages.bench import copy_gbps, dash, gemm_tflops, part_floor, time_part, top_kernels
 
     settings = load_settings(args.profile, args.device, args.precision, "random", args.config)
     device = settings.device
@@ -61,7 +61,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     lines = args.out / "part_times.jsonl"
     head = {"profile": settings.profile, "precision": settings.precision, "device": device,
-            "export": settings.stage("export"), "bf16_gemm_tflops": gemm, "copy_gbps": memory, "setup_s": round(time.perf_counter() - t0, 1),
+            "export": settings.stage("export"), "bf16_gemm_tflops": gemm, "copy_gbps": memory,
+            "setup_s": round(time.perf_counter() - t0, 1),
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "torch": torch.__version__}
     lines.write_text(json.dumps(head) + "\n")
     print(json.dumps(head), flush=True)
@@ -73,8 +74,7 @@ def main() -> None:
             t0 = time.perf_counter()
             result = time_part(wrapper, parts[name], "compiled", compiled, device, {"warmup": 3, "iters": args.iters},
                                gemm, memory)
-            row = {"part": name, "batch": batch, "prompts": prompts, "share_of_gemm_rate": None, "floor_ms": None,
-                   **result}
+            row = {"part": name, "batch": batch, "prompts": prompts, "share_of_gemm_rate": None, **result}
             if args.kernels and device == "cuda":
                 runner = parts[name].compiled(None, compiled)  # the callables time_part compiled
                 row["kernels"] = top_kernels(runner.run, (), args.kernels)
@@ -83,15 +83,12 @@ def main() -> None:
             with lines.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    columns = ["B", "P", "part", "ms (p90)", "GFLOP", "weights MB", "TFLOP/s", "share of GEMM rate", "floor ms",
-               "share of floor"]
+    columns = ["B", "P", "part", "ms (p90)", "GFLOP", "weights MB", "TFLOP/s", "share of GEMM rate",
+               "floor ms (bound), share reached"]
     table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    dash = lambda value: "-" if value is None else value  # noqa: E731
     table += [f"| {r['batch']} | {r['prompts']} | {r['part']} | {r['median_ms']} ({r['p90_ms']}) | "
               f"{r['flop'] / 1e9:.4g} | {r['weight_bytes'] / 1e6:.4g} | {r['tflop_per_s']} | "
-              f"{dash(r['share_of_gemm_rate'])} | {dash(r['floor_ms'])} "
-              f"{'(' + r['floor_of'] + ')' if r['floor_ms'] is not None else ''} | {dash(r.get('share_of_floor'))} |"
-              for r in rows]
+              f"{dash(r['share_of_gemm_rate'])} | {part_floor(r) if 'floor_ms' in r else '-'} |" for r in rows]
     sums = [f"B = {b}, P = {p}: {sum(r['median_ms'] for r in rows if (r['batch'], r['prompts']) == (b, p)):.2f} ms"
             for b, p in args.shapes]
     kernels = []

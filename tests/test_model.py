@@ -426,12 +426,11 @@ def test_bench_counts_the_flops_inside_the_projects_ops():
     assert counted(torch.ops.sam3_aoti.box_bias_mlp, *mlp) == counted(box_bias.linear_layers, *mlp) > 0
 
 
-
 def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
     """bench's floor per part reads each weight once: a call through two of three linears reads those two (a
     transpose or slice of a weight counts as the weight, a weight used twice once, an embedding table the rows
-    looked up); a model part reads what
-    its modules hold (the ViT all of its weights), and together no more than the model holds."""
+    looked up); a model part reads what its modules hold (the ViT all of its weights), and together no more
+    than the model holds."""
     from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
     from sam3_aoti.stages.bench import flops_and_weights_of
 

@@ -12,7 +12,8 @@ text encoder, the heads, and new prompts against encoded images. And where a cal
 scoring, each compiled alone (torch.compile, CUDA graphs on the GPU) from the build's own wrapper and fed what
 one whole call gives it, with FLOPs, weights read, achieved rate and (on the GPU) the floor of each part,
 beside the package's `transforms`. Every column warms up at every shape before any is timed, and the rows
-rotate the order the columns run in. Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it never fails on speed.
+rotate the order the columns run in. Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it
+never fails on speed.
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
     "compiled" (torch.compile, one compile per part kept across shapes in `compiled`; CUDA graphs on the GPU)
     or "eager", with its FLOPs (FlopCounterMode on the part), weights read, achieved rate and floor
     (`time_part`). `whole_ms`, the package's own call at this shape, less the parts' sum is what runs between
-    them (and what fusing across them saves).
-    The package's own `transforms` is timed on B raw frames beside them (before the model call, not in it)."""
+    them (and what fusing across them saves). The package's own `transforms` is timed on B raw frames beside
+    them (before the model call, not in it)."""
     import torch
 
     from ..model.part_calls import record_part_calls
@@ -200,28 +201,40 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
 def flops_of(module, args, call=None) -> int:
     """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
     (matmuls, convolutions, attention)."""
-    return flops_and_weights_of(module, args, call)[0]
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    _run_under(module, args, call, counter)
+    return counter.get_total_flops()
 
 
 def flops_and_weights_of(module, args, call=None) -> tuple[int, int]:
-    """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
-    (matmuls, convolutions, attention), and the bytes of `module`'s weights the call reads (`weights_read`). The
-    counter's module tracker hooks autograd, which no_grad tensors of parameters that require grad trip over:
-    they are frozen for the count."""
-    import torch
+    """`flops_of`, and the bytes of `module`'s weights the same call reads (`weights_read`)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    trainable = [p for p in module.parameters() if p.requires_grad]
     counter, reads = FlopCounterMode(display=False), weights_read(module)
+    _run_under(module, args, call, counter, reads)
+    return counter.get_total_flops(), reads.bytes
+
+
+def _run_under(module, args, call, *modes) -> None:
+    """One no_grad call of `module` (or `call`) under `modes`. FlopCounterMode's module tracker hooks autograd,
+    which no_grad tensors of parameters that require grad trip over: they are frozen for the call."""
+    import contextlib
+
+    import torch
+
+    trainable = [p for p in module.parameters() if p.requires_grad]
     try:
         for p in trainable:
             p.requires_grad_(False)
-        with torch.no_grad(), counter, reads:
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            for mode in modes:
+                stack.enter_context(mode)
             (call or module)(*args)
     finally:
         for p in trainable:
             p.requires_grad_(True)
-    return counter.get_total_flops(), reads.bytes
 
 
 def weights_read(module):
