@@ -46,7 +46,7 @@ def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
     ("max_instances = 5", "max_instances = 5\nthreshold = 0.5", "[render]: unknown key `threshold`"),
     ("shapes = [[1, 1], [2, 3], [4, 4], [16, 1], [1, 16]]", "shapes = [[0, 1]]", "[bench] shapes must be"),
     ('masked_attention = "sdpa"', 'masked_attention = "flash"', '[export] masked_attention must be "sdpa" or "eager"'),
-    ('"decoder_shared_projections", "text_fused_qkv"]', '"decoder_shared_projections", "fast"]',
+    ('optimizations = ["box_bias_kernel"', 'optimizations = ["fast", "box_bias_kernel"',
      "[export] optimizations must be a list of distinct optimizations from 'box_bias_kernel', 'relu_epilogue'"),
     ('sdpa_backends = ["cudnn", "flash", "efficient", "math"]', 'sdpa_backends = ["cudnn", "fast"]',
      "[compile] sdpa_backends must be a list of distinct SDPA kernels"),
