@@ -180,8 +180,11 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
     "compiled" (torch.compile, one compile per part kept across shapes in `compiled`; CUDA graphs on the GPU)
     or "eager", with its FLOPs (FlopCounterMode on the part), weights read, achieved rate and floor
     (`time_part`). `whole_ms`, the package's own call at this shape, less the parts' sum is what runs between
-    them (and what fusing across them saves). The package's own `transforms` is timed on B raw frames beside
-    them (before the model call, not in it)."""
+    them (and what fusing across them saves). `flop` is the whole call's FLOPs as the build computes them, which
+    the parts' add up to: an optimization may restructure the model's arithmetic (`pixel_decoder_per_image` adds
+    some at one pair and saves more from two pairs an image on), so it can differ from the model's count, the
+    row's `flop`. The package's own `transforms` is timed on B raw frames beside them (before the model call,
+    not in it)."""
     import torch
 
     from ..model.part_calls import record_part_calls
@@ -194,7 +197,8 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
     total = round(sum(r["median_ms"] for r in rows.values()), 2)
     log.info("  model parts (%s): %s; sum %.2f ms, the package's call %s ms", how,
              ", ".join(f"{n} {r['median_ms']:.2f}" for n, r in rows.items()), total, whole_ms)
-    return {"how": how, "parts": rows, "transforms": before, "sum_ms": total, "package_ms": whole_ms,
+    return {"how": how, "parts": rows, "flop": flops_of(wrapper, (images, token_ids)), "transforms": before,
+            "sum_ms": total, "package_ms": whole_ms,
             "between_ms": round(whole_ms - total, 2) if whole_ms is not None else None}
 
 
@@ -571,10 +575,12 @@ def bench_report(settings: Settings, info: dict) -> Report:
                               dash(r["model_parts"]["between_ms"])] for r in by_part]))
         first = by_part[0]["model_parts"]["parts"][names[0]]
         rate = ("The same parts' GFLOP, the weights they read and their achieved TFLOP/s"
-                + (" (share of the GEMM rate)" if "share_of_gemm_rate" in first else ""))
-        tables.append(Table(rate, ["B", "P", *names],
-                            [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names)]
-                             for r in by_part]))
+                + (" (share of the GEMM rate)" if "share_of_gemm_rate" in first else "")
+                + "; the whole call's GFLOP as the build computes them, which the parts' add up to, beside the "
+                "model's count (the latency table's; optimizations may restructure the arithmetic)")
+        tables.append(Table(rate, ["B", "P", *names, "whole call, the build's GFLOP", "the model's GFLOP"],
+                            [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names),
+                              f"{r['model_parts']['flop'] / 1e9:.4g}", f"{r['flop'] / 1e9:.4g}"] for r in by_part]))
         if "floor_ms" in first:
             tables.append(Table("The same parts against their floor: their FLOPs at the GEMM rate or their weights "
                                 "read once at the copy rate, whichever takes longer (a lower bound: activations "
