@@ -349,7 +349,8 @@ class _ChannelStatsGroupNorm(nn.GroupNorm):
     variance of their means, Chan's parallel formula, so nothing cancels as `E[x^2] - E[x]^2` would). Why: with
     `pixel_decoder_per_image` the norm at 288 x 288 reduced in one `triton_red` kernel of 1.03 ms at 1 x 16 on
     the H200, where reading the map takes 0.14; its reductions are one per (pair, group), 8 a pair of 2.65 M
-    values each, and per channel there are 32 times as many to spread over the SMs (not yet timed on the H200).
+    values each, and per channel there are 32 times as many. On the H200 Inductor fuses the phase slices into
+    these reductions instead: the mask decoder's kernels 0.2 ms less at 1 x 16 (benchmarks/README.md).
     Any layout `[N, C, ...]`, the phase layout too; fp32 statistics, as the native kernel keeps
     them (fp64 in fp64). The class is swapped in on the instance."""
 

@@ -189,7 +189,10 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
 
     from ..model.part_calls import record_part_calls
 
-    parts = record_part_calls(wrapper, images, token_ids)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)  # the recording call is a whole call: count it as it runs
+    parts = _run_under(wrapper, (wrapper, images, token_ids), record_part_calls, counter)
     rows = {name: time_part(wrapper, part, how, compiled, device, opts, gemm, memory)
             for name, part in parts.items()}
     frames = torch.rand(images.shape[0], 3, *RAW_FRAME, device=images.device) * 255
@@ -197,7 +200,7 @@ def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled:
     total = round(sum(r["median_ms"] for r in rows.values()), 2)
     log.info("  model parts (%s): %s; sum %.2f ms, the package's call %s ms", how,
              ", ".join(f"{n} {r['median_ms']:.2f}" for n, r in rows.items()), total, whole_ms)
-    return {"how": how, "parts": rows, "flop": flops_of(wrapper, (images, token_ids)), "transforms": before,
+    return {"how": how, "parts": rows, "flop": counter.get_total_flops(), "transforms": before,
             "sum_ms": total, "package_ms": whole_ms,
             "between_ms": round(whole_ms - total, 2) if whole_ms is not None else None}
 
@@ -221,8 +224,8 @@ def flops_and_weights_of(module, args, call=None) -> tuple[int, int]:
     return counter.get_total_flops(), reads.bytes
 
 
-def _run_under(module, args, call, *modes) -> None:
-    """One no_grad call of `module` (or `call`) under `modes`. FlopCounterMode's module tracker hooks autograd,
+def _run_under(module, args, call, *modes):
+    """One no_grad call of `module` (or `call`) under `modes`, its result returned. FlopCounterMode's module tracker hooks autograd,
     which no_grad tensors of parameters that require grad trip over: they are frozen for the call."""
     import contextlib
 
@@ -235,7 +238,7 @@ def _run_under(module, args, call, *modes) -> None:
         with torch.no_grad(), contextlib.ExitStack() as stack:
             for mode in modes:
                 stack.enter_context(mode)
-            (call or module)(*args)
+            return (call or module)(*args)
     finally:
         for p in trainable:
             p.requires_grad_(True)
