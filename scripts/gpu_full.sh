@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # Every H200 figure the README reports, in one detached run. Each part builds in its own copy of the
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
-#   sdpa:  first and alone on the GPU: scripts/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
-#   attention: alone on the GPU, after sdpa: scripts/attention_kernel.py (the op sam3_aoti::attention against
+#   sdpa:  first and alone on the GPU: experiments/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
+#   attention: alone on the GPU, after sdpa: experiments/attention_kernel.py (the op sam3_aoti::attention against
 #          SDPA, every block config) and the GPU tests of the project's Triton ops
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
-#   fast:  the bf16 build with [export] box_path_attention = "bf16" (the DETR decoder's attentions in bf16, its
-#          box path fp32), untuned ([tune] enabled = false): verify, then bench of the AOTI columns
 #   tuned: the same build tuned: `doit tune` from nothing (at most TUNE_LIMIT s, default 660), then compile with
 #          the tuning results (alone on the machine: the compile time with the tuning cache present), verify, and
 #          the bench of every column
@@ -39,11 +37,11 @@
 #   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; LEVERS_PARTS,
 #          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (LEVERS_SHAPES picks others)
 #          without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's (or LEVERS_ON's)
-#          (scripts/part_times.py), then eager parity with them
+#          (scripts/checks/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
-#          costliest kernels (scripts/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
+#          costliest kernels (scripts/checks/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
-#          (scripts/parity_eager.py, the parity tolerances)
+#          (scripts/checks/parity_eager.py, the parity tolerances)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -127,12 +125,6 @@ full_build() {  # full_build PART PRECISION: toolchain to verify; once more with
 }
 
 AOTI_ONLY=(columns '["aoti", "aoti_graphs"]' load_times false)  # the eager columns come from the tuned bench
-
-fast_part() {  # bf16, the decoder's attentions in bf16, untuned: verified (no eager retry: it needs SDPA)
-    cd "$WORK/fast" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
-    toolkit_for fast $SAM3 precision=bf16
-    build fast-build weights export compile package verify $SAM3 precision=bf16
-}
 
 loader_part() {
     cd "$WORK/loader" && configure columns '["aoti_graphs"]' enabled false
@@ -219,7 +211,7 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
 }
 
 levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
-    local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/part_times.py
+    local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes "${LEVERS_SHAPES:-1x1,1x16}" --kernels 8)
     cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
     [[ -n ${LEVERS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $LEVERS_ON|" pipeline.toml
@@ -227,19 +219,19 @@ levers_part() {  # no build: the parts [export] optimizations touch, with the ba
     step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
         --out "$RESULTS/levers-off"
     step levers-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/levers-on"
-    step levers-parity scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16
+    step levers-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
 }
 
 heads_part() {
-    local parts="DETR encoder,DETR decoder,mask decoder,scoring,text encoder" times=(--python scripts/part_times.py
+    local parts="DETR encoder,DETR decoder,mask decoder,scoring,text encoder" times=(--python scripts/checks/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 12)
     cd "$WORK/heads" && sed 's|^box_path_linears = .*|box_path_linears = "fp32"|' pipeline.toml > fp32-linears.toml
     step heads-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
     step heads-parts scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/heads"
     step heads-parts-fp32-linears scripts/gpu_run.sh "${times[@]}" --parts "DETR decoder" --config fp32-linears.toml \
         --out "$RESULTS/heads-fp32-linears"
-    step heads-parity scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16
-    step heads-parity-fp32-linears scripts/gpu_run.sh --python scripts/parity_eager.py $SAM3 precision=bf16 \
+    step heads-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
+    step heads-parity-fp32-linears scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16 \
         config=fp32-linears.toml
 }
 
@@ -294,21 +286,20 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity fast tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
     [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
-        scripts/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
+        experiments/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
     [[ $parts == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
-        scripts/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
+        experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
         -k scaled_mm)
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
     [[ $parts == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
-    [[ $parts == *" fast "* ]] && { fast_part & pids+=($!); }
     [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
     [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
     [[ $parts == *" loader "* ]] && { loader_part & pids+=($!); }
@@ -331,11 +322,7 @@ run_all() {
     if [[ $parts == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
         (cd "$WORK/tuned" && build tuned-build compile package verify $SAM3 precision=bf16) & tuned_pid=$!
     fi
-    # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free); every
-    # column for the untuned bf16 build where the tuning did not finish
-    [[ $parts == *" tuned "* && -z $tuned_pid ]] && (cd "$WORK/fast" && configure columns \
-        '["meta", "transformers", "exported", "aoti", "aoti_graphs"]' load_times true)
-    [[ $parts == *" fast "* ]] && (cd "$WORK/fast" && build fast-bench bench $SAM3 precision=bf16)
+    # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
@@ -387,5 +374,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [fast] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
 esac

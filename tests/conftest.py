@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import copy_repo, run_doit, start_doit
+from helpers import TINY, copy_repo, run_doit, start_doit
 
 
 def pytest_configure(config):
@@ -17,13 +17,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that needs the tiny build (minutes on a CPU) is `slow`: `pytest -m "not slow"` is the quick loop.
-    GPU tests are skipped where no NVIDIA driver is loaded (told without importing torch)."""
+    """A test that needs the tiny build (minutes on a CPU) or starts the S3 server is `slow`, as is one marked so
+    for a compile, an export or a process of its own: `pytest -m "not slow"` is the quick loop. GPU tests are
+    skipped where no NVIDIA driver is loaded (told without importing torch)."""
     from sam3_aoti.pipeline.settings import gpu_present
 
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "built_repo" in getattr(item, "fixturenames", ()):
+        if {"built_repo", "s3_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not gpu_present():
             item.add_marker(skip)
@@ -53,6 +54,12 @@ def second_clean_build(built_repo) -> Path:
     if proc.returncode != 0:
         raise AssertionError(f"the second clean build failed ({proc.returncode}):\n{output}")
     return clean
+
+
+@pytest.fixture(scope="session")
+def package_path(built_repo) -> Path:
+    """The tiny build's package."""
+    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 @pytest.fixture

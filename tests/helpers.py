@@ -35,6 +35,20 @@ def run_doit(repo: Path, *args: str, check: bool = True, env: dict | None = None
     return proc
 
 
+def one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
+    """The process failed with `words` in its output and no traceback."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and words in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+
+
+def predict(*args: str, cwd) -> subprocess.CompletedProcess:
+    """`sam3-aoti predict ARGS` from this checkout's library, in `cwd`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-m", "sam3_aoti", "predict", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
 def stale(repo: Path, *variables: str, device: str = "cpu") -> set[str]:
     """The tasks `doit list --status` marks to run (doit's own judgement; nothing is executed)."""
     listing = run_doit(repo, "list", "--all", "--status", f"device={device}", *variables).stdout

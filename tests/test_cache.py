@@ -18,7 +18,7 @@ from sam3_aoti.runtime.signing import PublicKey, SecretKey, TrustError, signer, 
 from sam3_aoti.runtime.store import Store, StoreError
 
 
-@pytest.fixture(params=["s3", "file"])
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.slow), "file"])  # S3: a server process
 def cache_url(request, tmp_path):
     """The same tests on a real S3 server and on a file:// folder."""
     if request.param == "s3":

@@ -7,14 +7,13 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
 from sam3_aoti.runtime.loader import load_package
 from sam3_aoti.runtime.tokenizer import ClipTokenizer, encode_prompts
 
-from helpers import REPO, TINY
+from helpers import REPO
 
 # Any import of these fails in the consumer's process, as if they were not installed.
 BLOCKER = textwrap.dedent("""
@@ -43,11 +42,6 @@ CONSUMER = BLOCKER + textwrap.dedent("""
     torch.save({"names": metadata["models"]["model"]["output_order"], "outputs": [o for o in outputs],
                 "modules": sorted(m.split(".")[0] for m in sys.modules)}, out_path)
 """)
-
-
-@pytest.fixture(scope="module")
-def package_path(built_repo):
-    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 def clean_env() -> dict:

@@ -11,7 +11,8 @@ from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
 from sam3_aoti.runtime.contract import FP8_PARTS
 from sam3_aoti.model.fp8 import E4M3, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
-from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs, random_model, tiny_config
+from sam3_aoti.model.configs import example_inputs, random_model, tiny_config
+from sam3_aoti.model.grounding import Sam3Grounding
 
 
 def test_rows_quantize_to_e4m3_with_one_scale_each():

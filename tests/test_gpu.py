@@ -74,7 +74,7 @@ def check_cuda_graphs(path):
     off); a shape seen again replays its graph, and at most max_graphs are kept."""
     import torch
 
-    from sam3_aoti.model.wrapper import example_inputs, tiny_config
+    from sam3_aoti.model.configs import example_inputs, tiny_config
     from sam3_aoti.runtime.loader import load_package
 
     graphed, plain = load_package(path, max_graphs=2), load_package(path, cuda_graphs=False)
@@ -107,7 +107,7 @@ def test_the_box_bias_kernel_on_cuda_is_the_mlp_eager_and_compiled(dtype):
     import torch
     from transformers.models.sam3.modeling_sam3 import Sam3DecoderMLP
 
-    from sam3_aoti.model.wrapper import _box_bias_mlp
+    from sam3_aoti.model.optimizations.box_bias_kernel import box_bias_mlp
 
     torch.manual_seed(0)
     mlp = Sam3DecoderMLP(2, 256, 8, 2).cuda()
@@ -115,7 +115,7 @@ def test_the_box_bias_kernel_on_cuda_is_the_mlp_eager_and_compiled(dtype):
     with torch.no_grad():
         want = mlp(deltas).permute(0, 3, 1, 2)
         mlp.to(getattr(torch, dtype))
-        eager, compiled = _box_bias_mlp(deltas, mlp), torch.compile(_box_bias_mlp, fullgraph=True)(deltas, mlp)
+        eager, compiled = box_bias_mlp(deltas, mlp), torch.compile(box_bias_mlp, fullgraph=True)(deltas, mlp)
     tolerance = 1e-4 if dtype == "float32" else 3e-2 * float(want.abs().max())
     for got in (eager, compiled):
         assert got.shape == (3, 8, 200, 72) and got.dtype == torch.float32

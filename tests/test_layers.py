@@ -66,19 +66,34 @@ def test_each_stage_depends_on_exactly_the_modules_it_imports():
         assert got == expected, (stage, sorted(Path(p).relative_to(src).as_posix() for p in got ^ expected))
 
 
+@pytest.mark.parametrize("folder", ["scripts", "tasks"])
+def test_scripts_and_the_doit_side_import_the_library_never_a_stage(folder):
+    """A stage runs as a process of its own (`python -m sam3_aoti.stages.NAME`); what a script or the doit side
+    needs of one lives in a layer below (measure, model, pipeline)."""
+    import ast
 
-def test_the_readme_architecture_names_every_module():
-    """The README's tree is the layout: every subpackage and module of src/sam3_aoti is named in it."""
-    readme = (REPO / "README.md").read_text()
-    tree = readme.split("## Architecture", 1)[1].split("```")[1]
+    found = []
+    for path in sorted((REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names if n.startswith("sam3_aoti.stages")]
+    assert not found, found
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md's tree is the layout: every subpackage and module of src/sam3_aoti is named in it,
+    and docs/stages.md's table names every stage."""
+    tree = (REPO / "docs" / "architecture.md").read_text().split("```")[1]
     package = REPO / "src" / "sam3_aoti"
     missing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
                if p.name != "__init__.py" and p.parent.name != "stages" and p.name not in tree]
     missing += [f"{d.name}/" for d in package.iterdir() if d.is_dir() and (d / "__init__.py").exists()
                 and f"{d.name}/" not in tree]
-    assert not missing, f"README.md's architecture tree does not name {missing}"
+    assert not missing, f"docs/architecture.md's tree does not name {missing}"
     stages = {p.stem for p in (package / "stages").glob("*.py") if p.stem != "__init__"}
-    assert all(f"| `{stage}` |" in readme for stage in stages)  # the Stages table names each stage module
+    table = (REPO / "docs" / "stages.md").read_text()
+    assert all(f"| `{stage}` |" in table for stage in stages)  # the stages table names each stage module
 
 
 def test_importing_the_runtime_loads_nothing_of_the_build():

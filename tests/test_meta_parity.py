@@ -18,7 +18,7 @@ from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.model.meta_keys import to_meta
 from sam3_aoti.runtime.contract import OUTPUT_NAMES
 from sam3_aoti.runtime.loader import load_package
-from sam3_aoti.stages.parity import case_row, check
+from sam3_aoti.pipeline.parity_checks import case_row, check
 from sam3_aoti.runtime.tokenizer import bundled_vocab_path
 
 from helpers import REPO, TINY
@@ -99,7 +99,7 @@ def test_a_swapped_weight_is_seen_by_the_meta_comparison(meta, built_repo, tmp_p
     package, cases, pixels, result = meta
     from transformers import Sam3Model
 
-    from sam3_aoti.model.wrapper import Sam3Grounding
+    from sam3_aoti.model.grounding import Sam3Grounding
 
     model = Sam3Model.from_pretrained(built_repo / TINY / "weights" / "checkpoint").eval()
     layer = model.detr_decoder.layers[0]

@@ -9,17 +9,12 @@ import torch
 
 from sam3_aoti.runtime.files import atomic_output
 from sam3_aoti.errors import PackageError
-from sam3_aoti.model.wrapper import example_inputs
+from sam3_aoti.model.configs import example_inputs
 from sam3_aoti.runtime.loader import load_package
 from sam3_aoti.pipeline.paths import fallback_of
 from torch.export.pt2_archive._package import load_pt2
 
 from helpers import TINY, TINY_MODELS as MODELS, rewrite_package
-
-
-@pytest.fixture(scope="module")
-def package_path(built_repo):
-    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 def test_loads_aoti_runners_with_metadata_and_vocabulary(package_path):

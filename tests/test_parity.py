@@ -8,7 +8,8 @@ import torch
 from helpers import REPO
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.stages.parity import check, parity_report, run
+from sam3_aoti.pipeline.parity_checks import check
+from sam3_aoti.stages.parity import parity_report, run
 from sam3_aoti.model.meta import write_meta_checkpoint
 from sam3_aoti.pipeline.report import markdown
 from sam3_aoti.pipeline.paths import ProfilePaths

@@ -194,6 +194,7 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
     assert (own_build / TINY / "bench" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a stage process
 def test_a_missing_input_fails_the_stage_in_one_line(tmp_path):
     repo = copy_repo(tmp_path)
     proc = run_doit(repo, "-s", "bench", "device=cpu", check=False)  # -s: run bench alone, no package built
@@ -208,7 +209,7 @@ def test_two_clean_builds_give_the_same_program_and_bitwise_equal_outputs(built_
     whose outputs equal the first one's bit for bit."""
     import torch
 
-    from sam3_aoti.model.wrapper import example_inputs, tiny_config
+    from sam3_aoti.model.configs import example_inputs, tiny_config
     from sam3_aoti.runtime.loader import load_package
 
     for rel in ("export/programs.pt2", "export/program.json"):

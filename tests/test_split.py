@@ -7,16 +7,12 @@ import pytest
 import torch
 
 from sam3_aoti.errors import InputError, PackageError
-from sam3_aoti.model.wrapper import PARTS, Part, Sam3Grounding, example_inputs
+from sam3_aoti.model.configs import example_inputs
+from sam3_aoti.model.grounding import PARTS, Part, Sam3Grounding
 from sam3_aoti.runtime.archive import PART_NAMES
 from sam3_aoti.runtime.loader import load_package
 
 from helpers import TINY, rewrite_package
-
-
-@pytest.fixture(scope="module")
-def package_path(built_repo):
-    return built_repo / TINY / "package" / "sam3.pt2"
 
 
 @pytest.fixture(scope="module")

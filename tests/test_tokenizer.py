@@ -51,7 +51,7 @@ def test_the_stdlib_splitter_finds_what_metas_pattern_finds_on_random_text():
 
 
 def test_the_fixture_is_what_open_clip_gives_today():
-    from scripts.make_tokenizer_fixture import meta_tokenizer
+    from scripts.fixtures.make_tokenizer_fixture import meta_tokenizer
 
     try:
         reference = meta_tokenizer()

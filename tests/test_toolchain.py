@@ -47,6 +47,7 @@ def fake_toolkit(home: Path, release: str) -> Path:
 CU13 = {"group": "cuda13", "layout": "cu13"}
 
 
+@pytest.mark.slow  # nvcc compiles
 @needs_cuda_torch
 def test_pip_toolkit_is_complete_and_compiles_a_cu_file(tmp_path):
     pins = cuda_toolkit.load_pins(torch_cuda())
@@ -253,6 +254,7 @@ def test_every_known_fix_still_compiles_and_runs_the_probe(tmp_path):
         assert result["ok"], (name, result)
 
 
+@pytest.mark.slow  # g++ compiles and links
 def test_a_compiler_that_links_libstdcxx_statically_is_detected(tmp_path):
     assert not compiler_fixes.links_libstdcxx_statically("g++", tmp_path)
     static = compiler_fixes.compiler_wrapper(tmp_path / "g++-static", shutil.which("g++"), ["-static-libstdc++"])
@@ -277,6 +279,7 @@ def test_env_file_names_the_checkout_relative_to_itself(tmp_path):
     assert sourced.stdout.strip() == str(tmp_path / "copy" / ".venv" / "lib" / "nvidia" / "cu 13")
 
 
+@pytest.mark.slow  # g++ compiles and links
 def test_a_statically_linking_compiler_is_replaced_without_a_probe(tmp_path):
     """The H200's /opt/gcc g++ links libstdc++ statically (its AOTI wrappers crash on load): the facts take the
     machine's shared-linking g++ at once, in about a second, and record why; nothing is probed."""

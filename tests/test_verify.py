@@ -12,7 +12,7 @@ from sam3_aoti.pipeline.cases import load_cases
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
 from sam3_aoti.pipeline.metrics import compare, mask_iou
-from sam3_aoti.model.wrapper import ImageTransforms, Sam3Grounding
+from sam3_aoti.model.grounding import ImageTransforms, Sam3Grounding
 from sam3_aoti.runtime.loader import load_package
 
 from helpers import REPO, TINY
@@ -183,7 +183,7 @@ PERTURBATIONS = {
 
 @pytest.fixture(scope="module")
 def tiny_outputs(built_repo):
-    from sam3_aoti.model.wrapper import example_inputs, tiny_config
+    from sam3_aoti.model.configs import example_inputs, tiny_config
 
     package = load_package(built_repo / TINY / "package" / "sam3.pt2")
     with torch.no_grad():

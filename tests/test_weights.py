@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import WeightsError
 from sam3_aoti.model.meta_keys import to_meta, to_transformers
-from sam3_aoti.model.wrapper import Sam3Grounding, example_inputs, tiny_config
+from sam3_aoti.model.configs import example_inputs, tiny_config
+from sam3_aoti.model.grounding import Sam3Grounding
 from sam3_aoti.runtime.tokenizer import ClipTokenizer, checkpoint_merges, read_merges_text
 from sam3_aoti.model.checkpoints import load_hf_folder, load_meta_checkpoint
 
@@ -51,7 +52,7 @@ TRANSFORMERS_KEYS = Path(__file__).parent / "data" / "transformers_sam3_key_mapp
 
 def differences_from_transformers() -> list[str]:
     """Meta keys that `to_transformers` names differently from transformers' own conversion script
-    (tests/data/transformers_sam3_key_mapping.txt, written by scripts/make_transformers_key_fixture.py)."""
+    (tests/data/transformers_sam3_key_mapping.txt, written by scripts/fixtures/make_transformers_key_fixture.py)."""
     from transformers import Sam3Config, Sam3Model
 
     with torch.device("meta"):

@@ -92,7 +92,7 @@ def load_meta_checkpoint(path: Path, config=None, architecture: str = "full"):
     from transformers import Sam3Model
 
     from .meta_keys import meta_state_dict, to_transformers
-    from .wrapper import full_config
+    from .configs import full_config
 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -117,7 +117,7 @@ def load_meta_checkpoint(path: Path, config=None, architecture: str = "full"):
 
 def build_model(settings: Settings):
     """The eager model the stage writes: seeded random init, an HF-format folder, or Meta's sam3.pt."""
-    from .wrapper import full_config, random_model, tiny_config
+    from .configs import full_config, random_model, tiny_config
 
     config = tiny_config() if settings.architecture == "tiny" else full_config()
     if settings.weights == "random":
@@ -157,7 +157,7 @@ def reference_transforms(settings: Settings):
     when verify's cache holds every eager output)."""
     from transformers import Sam3Config
 
-    from .wrapper import ImageTransforms
+    from .grounding import ImageTransforms
 
     config = Sam3Config.from_pretrained(checkpoint_folder(settings))
     return ImageTransforms(config.vision_config.backbone_config.image_size)
@@ -169,7 +169,7 @@ def eager_reference(settings: Settings):
     also gates the SDPA path the package is exported with. An fp8 build is compared with the bf16 model (its
     ViT linears unquantized): verify then gates what fp8 costs against the precision users would run instead."""
     from ..pipeline.precision import PRECISIONS
-    from .wrapper import ImageTransforms, Sam3Grounding
+    from .grounding import ImageTransforms, Sam3Grounding
 
     eager = Sam3Grounding.at(load_model(settings).to(settings.device), PRECISIONS[settings.spec.reference],
                              masked_attention="eager").eval()

@@ -3,8 +3,8 @@
 Each weight is quantized once, per output channel, when the model is built for export; each activation per
 row (token) at run time, in the graph, where Inductor fuses the row max and the cast into the kernel that
 produces the activation (a LayerNorm, GELU or attention output). The product runs in e4m3 with fp32 scales
-and returns bf16; the bias is added after it, in the consumer's kernel. Only the ViT (about 80 % of the GEMM
-time at 2 x 3, `scripts/speed_levers.py`) is rewritten; the rest of the model stays a bf16 build.
+and returns bf16; the bias is added after it, in the consumer's kernel. Only the ViT (most of the GEMM time,
+`experiments/speed_levers.py`) is rewritten; the rest of the model stays a bf16 build.
 
 Written here rather than taken from torchao: its float8 path is not tested with torch.export + AOTInductor,
 and this is a handful of aten ops the exported program keeps as they are.

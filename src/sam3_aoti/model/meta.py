@@ -105,3 +105,37 @@ def meta_pixels(model, image, size: int, device: str):
 
     processor = Sam3Processor(model, resolution=size, device=device)
     return processor.transform(torch.from_numpy(image).permute(2, 0, 1).to(device)).unsqueeze(0)
+
+
+def meta_grounding(settings: Settings):
+    """Meta's own SAM3 as its users run it (`sam3`, eager, bf16 autocast), on our weights, as a call of pixels and
+    phrases (bench's column); None where it cannot run (not importable, not the full model, not a GPU)."""
+    import importlib.util
+
+    if settings.device != "cuda" or settings.architecture != "full" or importlib.util.find_spec("sam3") is None:
+        return None
+    import torch
+
+    write_meta_checkpoint(settings)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    model = meta_model(settings)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32  # the other columns' settings
+
+    def run(pixels, prompts: list[str]):
+        """All B x P pairs in one grounding call, the pair order of the package (image-major), with TF32 on
+        as Meta's import sets it."""
+        n, p = pixels.shape[0] * len(prompts), len(prompts)
+        ids = torch.arange(n, device="cuda")
+        find = meta_find_stage(ids // p, ids % p)
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+                backbone_out = {**model.backbone.forward_image(pixels),
+                                **model.backbone.forward_text(prompts, device="cuda")}
+                return model.forward_grounding(backbone_out=backbone_out, find_input=find,
+                                               geometric_prompt=model._get_dummy_prompt(n), find_target=None)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+    return run

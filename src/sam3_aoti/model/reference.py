@@ -65,9 +65,18 @@ def sha256s(outputs: dict) -> dict:
 def identity(settings: Settings, paths: ProfilePaths) -> dict:
     """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
     device, precision, library versions."""
-    from . import wrapper
-
     manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
     weights = sha256s(manifest.get("stages", {}).get("weights", {}).get("outputs", {}))
-    return {"weights": weights, "model_code": hashlib.sha256(Path(wrapper.__file__).read_bytes()).hexdigest(),
+    return {"weights": weights, "model_code": wrapper_code_digest(),
             **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}
+
+
+def wrapper_code_digest() -> str:
+    """One hash of the wrapper's code (`grounding` and the modules it is built from), in a fixed order."""
+    folder = Path(__file__).parent
+    files = [folder / f"{name}.py" for name in ("configs", "export_fixes", "mixed_precision", "grounding")]
+    files += sorted((folder / "optimizations").glob("*.py"))
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()

@@ -14,7 +14,7 @@ from ..runtime.contract import FP8_PARTS, FP32_IN_BF16
 class Precision:
     name: str
     dtype: str  # the compute dtype of the package (torch's name)
-    fp32_parts: tuple[str, ...]  # submodules kept in fp32 (model.wrapper.keep_box_path_fp32 says why)
+    fp32_parts: tuple[str, ...]  # submodules kept in fp32 (model.mixed_precision.keep_box_path_fp32 says why)
     fp8_parts: tuple[str, ...]  # submodules whose linears run as rowwise-scaled fp8 GEMMs (model.fp8)
     needs_cuda: bool
     export_atol: float  # max |exported - eager| the export stage accepts at new shapes

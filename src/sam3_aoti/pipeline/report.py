@@ -171,3 +171,8 @@ def write_report(report: Report, json_path: Path, md_path: Path, html_path: Path
     write_text_atomic(md_path, markdown(report))
     if html_path is not None:
         write_text_atomic(html_path, html_page(report))
+
+
+def dash(value):
+    """A table cell for a value that may be missing."""
+    return "-" if value is None else value

@@ -1,13 +1,13 @@
 """Attention over SAM3's 72 x 72 image tokens at head dim 32 as one Triton flash-attention kernel: the op
 `sam3_aoti::attention`, for the DETR encoder's self-attention and the DETR decoder's box-biased cross-attention.
 
-At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor:
-about 4.5 ms of the DETR encoder's self-attentions at 1 x 16 on the H200, where cuDNN took 11.2 and this
-kernel 7.3 (benchmarks/README.md; scripts/attention_kernel.py times it against SDPA's kernels).
+At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor,
+and SDPA's kernels, built for larger head dims, stay well above it (benchmarks/README.md;
+experiments/attention_kernel.py times this kernel against them).
 
 The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] + bias_x[.., i, x]` for key
 `j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled as `[N, heads, Q, side * side]`
-(1.35 ms of writes for the decoder's six layers at 1 x 16); the kernel reads the two tables instead. Tables with
+(a large write per layer and pair); the kernel reads the two tables instead. Tables with
 fewer rows than there are queries bias the last rows only (the decoder's presence token, row 0, attends to every
 image token alike, so its row is never padded onto the tables). Queries,
 keys and values are read in the layout the projections leave them (`[B, L, H, D]` viewed as `[B, H, L, D]`),
@@ -32,7 +32,7 @@ try:
 except ImportError:  # a CPU-only torch: the op runs SDPA
     triton = None
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), as scripts/attention_kernel.py measured them on the H200; a biased
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), as experiments/attention_kernel.py measured them on the H200; a biased
 # key block is GRID_CELL x GRID_CELL grid cells (BLOCK_N = 64)
 CONFIG = {"plain": (64, 64, 4, 4), "biased": (64, 64, 4, 3)}
 GRID_CELL = 8
@@ -46,7 +46,7 @@ def grid_bias(bias_y: torch.Tensor, bias_x: torch.Tensor) -> torch.Tensor:
 
 def aligned_rows(mask: torch.Tensor) -> torch.Tensor:
     """An additive mask with its rows padded to a multiple of MASK_ROW_ALIGN elements and sliced back (only the
-    strides change), as the memory-efficient kernel wants its bias (model.wrapper's `dense_mask` uses it too)."""
+    strides change), as the memory-efficient kernel wants its bias (model.export_fixes' `dense_mask` uses it too)."""
     keys = mask.shape[-1]
     return F.pad(mask, (0, -keys % MASK_ROW_ALIGN))[..., :keys]
 

@@ -2,8 +2,8 @@
 one Triton kernel whose hidden layer never leaves registers: the op `sam3_aoti::box_bias_mlp`.
 
 transformers runs each as two linear layers: a GEMM with K = 2, a ReLU over the stored `[N, Q, side, hidden]`
-hidden (about 7 M elements per pair and layer at full size), then a GEMM with N = heads (8). On the H200 that was
-2.1 of the decoder's 7.9 ms at 1 x 16 (benchmarks/h200-2026-12-02-heads). Here each program computes the hidden
+hidden (about 7 M elements per pair and layer at full size), then a GEMM with N = heads (8): a large share of
+the decoder's time (benchmarks/h200-2026-12-02-heads/). Here each program computes the hidden
 of a block of rows in fp32 from the 2-wide input and multiplies it by the second layer's weights on the tensor
 cores (in their dtype; fp32 weights take an exact fp32 product), writing `[N, heads, Q, side]`, the layout the
 bias is assembled in. Off CUDA (or without Triton) the op is the two linear layers.
@@ -32,7 +32,7 @@ except ImportError:  # a CPU-only torch: the op runs its linear layers
 
 def linear_layers(deltas, w1, b1, w2, b2) -> torch.Tensor:
     """`[N, Q, side, 2]` log-scaled box-edge distances -> `[N, heads, Q, side]`: transformers' MLP, each layer in
-    its weights' dtype as `model.wrapper`'s low-precision linears run it, the result in the input's dtype."""
+    its weights' dtype as `model.mixed_precision`'s low-precision linears run it, the result in the input's dtype."""
     hidden = F.relu(F.linear(deltas.to(w1.dtype), w1, b1))
     return F.linear(hidden.to(w2.dtype), w2, b2).to(deltas.dtype).permute(0, 3, 1, 2)
 

@@ -22,7 +22,7 @@ IMAGE_MEAN = 0.5
 IMAGE_STD = 0.5
 RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Processor)"
 
-# Parts of a low-precision build that run in fp32 (model.wrapper.keep_box_path_fp32 says why; the precision table
+# Parts of a low-precision build that run in fp32 (model.mixed_precision.keep_box_path_fp32 says why; the precision table
 # of pipeline.precision names them).
 FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
 # Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (model.fp8); the rest is bf16.

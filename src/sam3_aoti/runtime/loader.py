@@ -297,7 +297,7 @@ def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
     """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs).
     torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe the CPU's vector ISA
     for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
-    subprocesses: 20-40 s on the H200, for CUDA packages too. This takes under a second, and a failed load
+    subprocesses: tens of seconds, for CUDA packages too. This takes under a second, and a failed load
     leaves nothing behind (its folder is this process's)."""
     built = built_for(path)
     problem = device_problem(built)

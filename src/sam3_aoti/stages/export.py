@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import ExportError, first_line
+from ..model.exporting import composed, export_model, export_parts, export_transforms
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -22,56 +23,6 @@ from ..runtime.archive import archive_entries
 from ..runtime.files import atomic_output, human_size, write_text_atomic
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
-
-
-def export_model(wrapper, example_args, batch_name="batch", prompts_name="num_prompts"):
-    import torch
-    from torch.export import Dim
-
-    dynamic = {"images": {0: Dim(batch_name, min=1)}, "token_ids": {0: Dim(prompts_name, min=1)}}
-    with torch.no_grad():
-        return torch.export.export(wrapper, example_args, dynamic_shapes=dynamic)
-
-
-def export_transforms(module, example_image):
-    import torch
-    from torch.export import Dim
-
-    dynamic = {"images": {0: Dim("batch", min=1), 2: Dim("height", min=2), 3: Dim("width", min=2)}}
-    with torch.no_grad():
-        return torch.export.export(module, (example_image,), dynamic_shapes=dynamic)
-
-
-def export_parts(wrapper, example) -> dict:
-    """`[export] split`: the image encoder, the text encoder and the heads (`decode`) as programs of their own,
-    traced at the model's example, with the same dynamic batch and prompt counts."""
-    import torch
-    from torch.export import Dim
-
-    from ..model.wrapper import Part
-
-    images, token_ids = example
-    with torch.no_grad():  # contiguous, as the runners pass every input: AOTInductor compiles for the example's strides
-        features, text = ([t.contiguous() for t in part(x)] for part, x in
-                          ((wrapper.encode_image, images), (wrapper.encode_text, token_ids)))
-    batch, prompts = Dim("batch", min=1), Dim("num_prompts", min=1)
-    specs = {"encode_image": ((images,), ({0: batch},)),
-             "encode_text": ((token_ids,), ({0: prompts},)),
-             "decode": ((*features, *text), (*[{0: batch}] * len(features), *[{0: prompts}] * len(text)))}
-    programs = {}
-    for name, (args, dims) in specs.items():
-        try:
-            with torch.no_grad():
-                programs[name] = torch.export.export(Part(wrapper, name), args, dynamic_shapes={"args": dims})
-        except Exception as e:
-            raise ExportError(f"torch.export of {name} failed: {first_line(e)}") from e
-    return programs
-
-
-def composed(programs: dict):
-    """`decode(*encode_image(images), *encode_text(token_ids))` through the exported parts."""
-    image, text, decode = (programs[name].module() for name in ("encode_image", "encode_text", "decode"))
-    return lambda images, token_ids: decode(*image(images), *text(token_ids))
 
 
 def check_against_eager(name: str, run, eager, args, atol: float) -> float:
@@ -97,7 +48,8 @@ def run(settings: Settings) -> None:
     import torch
 
     from ..model.checkpoints import load_model
-    from ..model.wrapper import ImageTransforms, Sam3Grounding, example_inputs
+    from ..model.configs import example_inputs
+    from ..model.grounding import ImageTransforms, Sam3Grounding
 
     paths, opts = ProfilePaths.of(settings), settings.stage("export")
     checkpoint = paths.checkpoint / "model.safetensors"

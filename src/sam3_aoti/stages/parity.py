@@ -18,7 +18,8 @@ from ..errors import ConfigError, DriftError
 from ..model.meta import meta_model, meta_outputs, meta_pixels, write_meta_checkpoint
 from ..pipeline.artifacts import record
 from ..pipeline.paths import ProfilePaths
-from ..pipeline.report import Check, Gate, Report, Table, apply_gates, summarize, write_report
+from ..pipeline.parity_checks import case_row, check, pixel_difference
+from ..pipeline.report import Check, Report, Table, summarize, write_report
 from ..pipeline.settings import Settings, package_version
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
@@ -62,45 +63,6 @@ def run(settings: Settings) -> None:
         first = report.failed[0]
         raise DriftError(f"package differs from Meta's SAM3: {first.case} {first.metric} = {first.value} "
                          f"(limit {first.limit}), and {len(report.failed) - 1} more; see {paths.parity_md}")
-
-
-def pixel_difference(ours, theirs) -> dict:
-    """Our transforms against Meta's, in uint8 levels (one level is 2/255 after normalizing)."""
-    diff = (ours.float() - theirs.float()).abs() * 127.5
-    return {"pixels_max_levels": round(float(diff.max()), 3), "pixels_differ": float((diff > 1e-3).float().mean())}
-
-
-def case_row(case, ours, theirs, mask_band: float = 0.0) -> dict:
-    """One case's comparison with Meta's outputs (verify's metrics plus every query's score and the share of
-    pairs whose top-1 query is the same)."""
-    from ..pipeline.metrics import compare
-    from ..runtime.postprocess import scores
-
-    row = {"case": case.name, "prompts": list(case.prompts), **compare(ours, theirs, mask_band=mask_band),
-           "score_abs": float((scores(ours) - scores(theirs)).abs().max()),
-           "top1_same": float((scores(ours).argmax(-1) == scores(theirs).argmax(-1)).float().mean())}
-    log.info("%s: top-1 same %.0f%%, score |diff| %.2e, logits |diff| %.2e, box |diff| %.2e, mask IoU %.4f", case.name,
-             100 * row["top1_same"], row["score_abs"], row["pred_logits"]["max_abs"], row["matched_box_abs"],
-             row["topk_mask_iou_min"])
-    return row
-
-
-# (gate on a metric of case_row / pixel_difference, its tolerance key)
-PARITY_GATES = [
-    (Gate("top-1 query same (share of pairs)", "top1_same", ">="), "top1_same_min"),
-    (Gate("score |diff| (every query)", "score_abs", "<="), "score_abs"),
-    (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
-    (Gate("top-5 index overlap (worst pair)", "top5_overlap", ">="), "top5_overlap_min"),
-    (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),
-    (Gate("transforms vs Sam3Processor (levels)", "pixels_max_levels", "<="), "pixels_max_levels"),
-]
-
-
-def check(rows: list[dict], tolerances: dict) -> list[Check]:
-    """Every case through the parity gate table (a case without a pixel comparison skips that gate)."""
-    gates = [(gate, tolerances[key]) for gate, key in PARITY_GATES]
-    return [c for row in rows
-            for c in apply_gates(row, [(g, t) for g, t in gates if g.key in row], "vs Meta", row["case"])]
 
 
 def parity_report(settings: Settings, rows: list[dict], checks: list[Check], tolerances: dict, versions: dict,

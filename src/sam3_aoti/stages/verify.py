@@ -69,7 +69,7 @@ def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
 def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases, cache) -> list[Check]:
     import torch
 
-    from ..model.wrapper import example_inputs
+    from ..model.configs import example_inputs
     from ..pipeline.metrics import compare
     from ..runtime.postprocess import to_tensor
 

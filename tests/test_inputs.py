@@ -1,0 +1,124 @@
+"""Bad input to the runtime and `predict` (tensors, prompts, images, output paths) is one line, before native code
+runs; images are read as a viewer shows them."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sam3_aoti.errors import InputError, PackageError
+from sam3_aoti.runtime import images as image_reader
+from sam3_aoti.runtime.loader import load_package
+
+from helpers import REPO, predict
+
+
+def test_model_and_transforms_refuse_inputs_they_cannot_take(package_path):
+    package = load_package(package_path)
+    ids = package.encode_prompts(["a cat"])
+    good = torch.rand(1, 3, 112, 112)
+    for images, token_ids, words in [
+        (good.double(), ids, "images must be float32 [batch, 3, 112, 112] on cpu, got float64"),
+        (good[0], ids, "got float32 [3, 112, 112]"),
+        (torch.rand(1, 3, 100, 112), ids, "got float32 [1, 3, 100, 112]"),
+        (torch.rand(0, 3, 112, 112), ids, "batch 0"),
+        (good, ids[:, :31], "token_ids must be int64 [num_prompts, 32]"),
+        (good, ids.int(), "token_ids must be int64"),
+        (good, ids[:0], "num_prompts 0"),
+        (good, ids + 60000, "ids outside [0, 49408)"),
+    ]:
+        with pytest.raises(InputError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                           .replace(")", r"\)")):
+            package.model(images, token_ids)
+    for images in [torch.rand(3, 50, 50), torch.rand(1, 3, 1, 50), torch.rand(1, 1, 50, 50), torch.rand(0, 3, 9, 9)]:
+        with pytest.raises(InputError):
+            package.transforms(images)
+
+
+def test_prompts_empty_or_too_long(package_path, caplog):
+    package = load_package(package_path)
+    for prompts in [[""], ["  "], [], "a cat"]:
+        with pytest.raises(InputError):
+            package.encode_prompts(prompts)
+    with caplog.at_level("WARNING", logger="sam3_aoti"):
+        ids = package.encode_prompts([" ".join(["roof"] * 40)])
+    assert ids[0, -1].item() == 49407  # end token kept, words cut
+    assert "is 40 tokens long; the model reads 30: the last 10 are dropped" in caplog.text
+
+
+def test_sixteen_bit_and_other_image_modes_become_rgb8(tmp_path):
+    ramp = np.linspace(0, 65535, 40 * 50).reshape(40, 50).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "g16.png")
+    rgb = image_reader.read_image(tmp_path / "g16.png")
+    assert rgb.dtype == np.uint8 and rgb.shape == (40, 50, 3)
+    np.testing.assert_allclose(rgb[..., 0], ramp / 257, atol=1)  # scaled, not clipped to white
+    Image.fromarray((ramp // 256).astype(np.uint8)).convert("P").save(tmp_path / "palette.png")
+    Image.new("RGBA", (7, 5), (10, 20, 30, 40)).save(tmp_path / "rgba.png")
+    assert image_reader.read_image(tmp_path / "palette.png").shape == (40, 50, 3)
+    alpha = 40 / 255  # over white, as a viewer on a white page shows it
+    assert image_reader.read_image(tmp_path / "rgba.png")[0, 0].tolist() == [round(c * alpha + 255 * (1 - alpha))
+                                                                              for c in (10, 20, 30)]
+
+
+def test_an_oversized_image_is_refused_with_the_limit(tmp_path, monkeypatch):
+    Image.new("RGB", (400, 300)).save(tmp_path / "big.png")
+    monkeypatch.setattr(image_reader, "MAX_PIXELS", 100_000)
+    with pytest.raises(PackageError, match=r"400 x 300 .* over the 0 MP limit: tile it"):
+        image_reader.read_image(tmp_path / "big.png")
+
+
+def test_predict_checks_outputs_before_loading_anything(tmp_path):
+    Image.new("RGB", (30, 20)).save(tmp_path / "roof.png")
+    (tmp_path / "out.png").mkdir()
+    (tmp_path / "file").write_text("a file, not a folder")
+    for output, words in [("out", "out.png is a folder"), ("file/x", "cannot create")]:
+        proc = predict("missing.pt2", "--image", "roof.png", "--prompt", "a roof", "--output", output, cwd=tmp_path)
+        assert proc.returncode != 0 and words in proc.stderr, proc.stderr  # not "no package at": checked first
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_predict_on_a_damaged_package_is_one_line(package_path, tmp_path):
+    Image.new("RGB", (30, 20)).save(tmp_path / "roof.png")
+    (tmp_path / "truncated.pt2").write_bytes(package_path.read_bytes()[:100_000])
+    (tmp_path / "text.pt2").write_text("not a package")
+    for name in ("truncated.pt2", "text.pt2"):
+        proc = predict(name, "--image", "roof.png", "--prompt", "a roof", cwd=tmp_path)
+        assert proc.returncode != 0 and "truncated or not a sam3-aoti package" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_output_into_a_closed_pipe_is_quiet(package_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for command in (f"{sys.executable} -m sam3_aoti info {package_path} | head -c 10",
+                    f"{sys.executable} -m doit list | head -c 10"):
+        proc = subprocess.run(command, shell=True, cwd=package_path.parents[3], env=env, capture_output=True, text=True)
+        assert proc.stderr == "", (command, proc.stderr)
+
+
+def test_a_failed_predict_removes_the_folder_it_made(package_path, tmp_path):
+    Image.new("RGB", (30, 20)).save(tmp_path / "roof.png")
+    proc = predict(str(tmp_path / "none.pt2"), "--image", "roof.png", "--prompt", "a roof", "--output", "new/deep/x",
+                   cwd=tmp_path)
+    assert proc.returncode == 2 and "no package at" in proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_images_are_read_as_a_viewer_shows_them(tmp_path):
+    """EXIF orientation applied, CMYK and float greys converted, the same reader for predict and the cases."""
+    from sam3_aoti.pipeline.cases import Case
+
+    portrait = Image.new("RGB", (40, 20), (200, 10, 10))
+    exif = portrait.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to view": a phone held upright
+    portrait.save(tmp_path / "phone.jpg", exif=exif)
+    assert image_reader.read_image(tmp_path / "phone.jpg").shape == (40, 20, 3)
+    assert Case("phone", str(tmp_path / "phone.jpg"), ("a wall",)).load_image().shape == (40, 20, 3)
+    Image.new("CMYK", (8, 6), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")
+    assert image_reader.read_image(tmp_path / "cmyk.jpg")[0, 0].tolist()[0] > 200  # red, not black
+    Image.fromarray(np.full((5, 7), 0.5, np.float32), mode="F").save(tmp_path / "float.tif")
+    assert image_reader.read_image(tmp_path / "float.tif")[0, 0].tolist() == [128, 128, 128]
+    assert image_reader.array_to_rgb8(np.full((3, 4), 65535, np.uint16))[0, 0].tolist() == [255, 255, 255]

@@ -1,0 +1,62 @@
+"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py) against their reference, in
+Triton's CPU interpreter (tests/test_gpu.py runs them compiled on CUDA)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+TRITON_KERNEL_CHECK = """
+import torch
+from transformers.models.sam3.modeling_sam3 import Sam3DecoderMLP
+from sam3_aoti.runtime.box_bias import launch_box_bias
+torch.manual_seed(0)
+for hidden, heads in [(32, 2), (256, 8), (48, 3)]:
+    mlp = Sam3DecoderMLP(2, hidden, heads, 2)
+    for p in mlp.parameters():
+        p.data.normal_()
+    deltas = torch.randn(3, 5, 7, 2)
+    got = launch_box_bias(deltas, mlp.layer1.weight, mlp.layer1.bias, mlp.layer2.weight, mlp.layer2.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(got, mlp(deltas).permute(0, 3, 1, 2), atol=1e-4, rtol=1e-5)
+print("ok")
+"""
+
+@pytest.mark.slow  # a process of its own under Triton's interpreter
+def test_the_box_bias_kernel_is_the_mlp_in_tritons_interpreter():
+    """The Triton kernel of the op `sam3_aoti::box_bias_mlp`, run by Triton's CPU interpreter (`TRITON_INTERPRET=1`), gives the
+    MLP's output in `[N, heads, Q, side]` for widths that are and are not powers of two (fp32 weights: the
+    interpreter's bf16 dot is wrong; tests/test_gpu.py checks bf16 on CUDA)."""
+    pytest.importorskip("triton")
+    proc = subprocess.run([sys.executable, "-c", TRITON_KERNEL_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+ATTENTION_KERNEL_CHECK = """
+import torch
+from sam3_aoti.runtime.attention import launch_attention, reference
+torch.manual_seed(0)
+# (pairs, heads, queries, grid rows, grid side, head dim, config): uneven and even key blocks, a non-square grid
+for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1, 2, 40, 3, 16, 16, (32, 16, 4, 1)),
+                                        (2, 2, 64, 8, 8, 32, (32, 32, 4, 1)), (1, 2, 20, 9, 8, 32, (16, 64, 4, 1))]:
+    q, k, v = (torch.randn(n, length, h, d).transpose(1, 2) for length in (lq, rows * side, rows * side))
+    tables = torch.randn(n, h, lq, rows), torch.randn(n, h, lq, side)
+    below_first = torch.randn(n, h, lq - 1, rows), torch.randn(n, h, lq - 1, side)  # row 0 unbiased
+    for bias in (tables, below_first, (None, None)):
+        got = launch_attention(q, k, v, 0.3, *bias, config=config)
+        assert got.shape == (n, lq, h, d)
+        torch.testing.assert_close(got, reference(q, k, v, 0.3, *bias), atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+@pytest.mark.slow  # a process of its own under Triton's interpreter
+def test_the_attention_kernel_is_sdpa_in_tritons_interpreter():
+    """The Triton kernel of the op `sam3_aoti::attention`, run by Triton's CPU interpreter, is SDPA on strided
+    `[B, H, L, D]` views, with a grid bias from a non-square pair of tables (for every query, or for all but the
+    first, as the decoder's presence token has it) and without one, for key lengths
+    that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
+    pytest.importorskip("triton")
+    proc = subprocess.run([sys.executable, "-c", ATTENTION_KERNEL_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -1,0 +1,103 @@
+"""Measurement as a library (`sam3_aoti.measure`): the FLOP count sees the project's ops, the weights a part
+reads are counted once each, model parts re-run alone on what a whole call gave them, and timing's fairness
+rules (rotated order, p90)."""
+
+import copy
+
+import pytest
+import torch
+
+from sam3_aoti.measure.timing import p90, rotated
+from sam3_aoti.model.configs import example_inputs
+from sam3_aoti.model.grounding import Sam3Grounding
+
+
+@pytest.fixture(scope="module")
+def wrapper(tiny_model):
+    return Sam3Grounding(copy.deepcopy(tiny_model)).eval()
+
+
+def test_rows_rotate_the_columns_and_p90_is_the_ninetieth_percentile():
+    assert [rotated(["a", "b", "c"], i) for i in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                                ["a", "b", "c"]]
+    assert rotated([], 3) == []
+    assert p90(list(range(11))) == 9 and p90([5.0]) == 5.0
+
+
+def test_bench_counts_the_flops_inside_the_projects_ops():
+    """The FLOP count (bench's, per part) (FlopCounterMode) see an op of the project as one call: each registers its count,
+    attention as SDPA's (4 B H Lq Lk D) and the box-bias MLP as its two linear layers'."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import sam3_aoti.runtime.box_bias as box_bias
+
+    def counted(fn, *args) -> int:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            fn(*args)
+        return counter.get_total_flops()
+
+    q, k, v = torch.randn(2, 4, 40, 16), torch.randn(2, 4, 64, 16), torch.randn(2, 4, 64, 16)
+    tables = torch.randn(2, 4, 40, 8), torch.randn(2, 4, 40, 8)
+    assert counted(torch.ops.sam3_aoti.attention, q, k, v, 0.25, *tables) == 4 * 2 * 4 * 40 * 64 * 16
+    mlp = torch.randn(2, 5, 7, 2), torch.randn(32, 2), torch.randn(32), torch.randn(4, 32), torch.randn(4)
+    assert counted(torch.ops.sam3_aoti.box_bias_mlp, *mlp) == counted(box_bias.linear_layers, *mlp) > 0
+
+def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
+    """A part's weights read (bench's floor) counts each weight once: a call through two of three linears reads those two (a
+    transpose or slice of a weight counts as the weight, a weight used twice once, an embedding table the rows
+    looked up); a model part reads what its modules hold (the ViT all of its weights), and together no more
+    than the model holds."""
+    from sam3_aoti.measure.counts import flops_and_weights_of
+    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+
+    layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    per_linear = (8 * 8 + 8) * 4
+    x = torch.randn(2, 8)
+    through_two = lambda: layers[1](layers[0](x)) + (x @ layers[0].weight.t()[:, :4]).sum()  # noqa: E731
+    _, read = flops_and_weights_of(layers, (), through_two)
+    assert read == 2 * per_linear
+    table = torch.nn.Embedding(100, 8)
+    _, read = flops_and_weights_of(table, (torch.tensor([[3, 5, 3], [7, 0, 0]]),))
+    assert read == 4 * 8 * 4  # the four distinct rows looked up, not the table
+    images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=7)
+    parts = record_part_calls(wrapper, images, token_ids)
+    reads = {name: flops_and_weights_of(wrapper, (), parts[name].run)[1] for name in MODEL_PARTS}
+    vit = wrapper.model.vision_encoder
+    weights, buffers = (sum(t.nbytes for t in ts) for ts in (vit.parameters(), vit.buffers()))
+    assert weights <= reads["ViT"] <= weights + buffers  # every weight (and the buffers it uses: not RoPE's spare)
+    assert all(reads[name] > 0 for name in MODEL_PARTS)
+    everything = sum(t.untyped_storage().nbytes() for t in (*wrapper.parameters(), *wrapper.buffers()))
+    assert sum(reads.values()) <= everything
+    _, whole = flops_and_weights_of(wrapper, (images, token_ids))
+    assert whole <= sum(reads.values())  # every weight the whole call reads, some part reads
+
+@pytest.mark.slow  # torch.compile of a part
+def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
+    """bench times the parts alone (model.part_calls): every part is found in one call, re-run alone gives what
+    it gave inside the call, and the compiled re-run (what bench times) gives it too."""
+    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+
+    images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=7)
+    inside = {}
+    hooks = [getattr(wrapper.model, child).register_forward_hook(lambda m, i, out, c=child: inside.setdefault(c, out))
+             for child in ("detr_decoder", "mask_decoder")]
+    try:
+        parts = record_part_calls(wrapper, images, token_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert list(parts) == list(MODEL_PARTS)
+    # text: encoder and projection; DETR encoder: its per-image self-attention, then the encoder over the pairs
+    assert [len(parts[name].calls) for name in MODEL_PARTS] == [1, 2, 1, 2, 1, 1, 1]
+    with torch.no_grad():
+        attended, _ = parts["DETR encoder"].run()
+        assert torch.equal(attended, wrapper.encode_image(images)[2])
+        decoded, = parts["DETR decoder"].run()
+        masks, = parts["mask decoder"].run()
+        geometry, = parts["geometry encoder"].run()
+        assert torch.equal(decoded[0], inside["detr_decoder"][0])  # ModelOutputs: their first tensor
+        assert torch.equal(masks[0], inside["mask_decoder"][0])
+        assert torch.equal(geometry, wrapper.encode_image(images)[-1])
+        compiled = parts["scoring"].compiled(torch.compile, {})
+        assert torch.allclose(compiled.run()[0], parts["scoring"].run()[0], atol=1e-5)

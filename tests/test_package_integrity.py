@@ -1,0 +1,127 @@
+"""A package is native code: nothing from an archive is trusted because the archive says so, and a load that
+fails or is killed leaves nothing behind."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from sam3_aoti.errors import PackageError
+from sam3_aoti.runtime.integrity import digest_file
+from sam3_aoti.runtime.loader import load_package
+
+from helpers import REPO, TINY_MODELS, predict, rewrite_package
+
+
+def copy_package(package_path, folder, edit=lambda name, data: data, digests=True, resign=False):
+    """The package and its fallback in `folder`, entries edited by `edit`; with `digests`, the digest files
+    the build wrote beside them too (which then no longer match an edit)."""
+    target = rewrite_package(package_path, folder / "sam3.pt2", edit, resign)
+    if digests:
+        shutil.copy(digest_file(package_path), digest_file(target))
+    return target
+
+
+def swap_so(name, data):
+    return data[:-64] + bytes(64) if name.endswith(".wrapper.so") and "/transforms/" in name else data
+
+
+def extraction_folders():
+    return {p for p in os.scandir("/tmp") if len(p.name) == 6 and p.is_dir()}
+
+
+def test_a_tampered_package_is_refused_before_its_code_loads(package_path, tmp_path):
+    tampered = copy_package(package_path, tmp_path, swap_so)
+    with pytest.raises(PackageError, match="does not match its digest sam3.pt2.sha256"):
+        load_package(tampered)
+    digest_file(tampered).unlink()  # travelling alone: refused, unless trusted
+    with pytest.raises(PackageError, match="has no digest beside it .* a digest inside it proves nothing"):
+        load_package(tampered)
+    with pytest.raises(PackageError, match="transforms/.*wrapper.so does not match its recorded digest"):
+        load_package(tampered, trust=True)  # trust admits a package without a digest, never a damaged one
+    proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "info", str(tampered)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 2 and "has no digest beside it" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_package_that_vouches_for_itself_is_not_trusted(package_path, tmp_path):
+    """A swapped .so with the metadata's part digests recomputed (what a crafted package does): only a digest
+    from outside the archive, or --trust, lets it load."""
+    crafted = copy_package(package_path, tmp_path, swap_so, digests=False, resign=True)
+    with pytest.raises(PackageError, match="has no digest beside it"):
+        load_package(crafted)
+    Image.new("RGB", (30, 20)).save(tmp_path / "x.png")
+    proc = predict(str(crafted), "--image", "x.png", "--prompt", "a roof", cwd=tmp_path)
+    assert proc.returncode == 2 and "has no digest beside it" in proc.stderr
+    with pytest.raises(PackageError, match="does not match the digest passed in"):
+        load_package(crafted, sha256=hashlib.sha256(package_path.read_bytes()).hexdigest())
+    (tmp_path / "good").mkdir()
+    good = copy_package(package_path, tmp_path / "good", digests=False)
+    assert load_package(good, sha256=hashlib.sha256(good.read_bytes()).hexdigest()).backends["model"] == "aoti"
+    with pytest.raises(PackageError, match="is not a sha256"):
+        load_package(good, sha256="abc")
+
+
+@pytest.mark.parametrize("entry", ["sam3/data/aotinductor/model/../../../../{tmp}/x", "/{tmp}/x",
+                                   "sam3/data/aotinductor/model/evil/../../x.so", "other/extra/metadata.json",
+                                   "sam3/extra/notes.txt", "link"])
+def test_an_entry_no_package_has_is_refused_before_torch_opens_it(package_path, tmp_path, entry):
+    """Names are checked before torch's loader unpacks anything, trusted or not, digest or not: nothing is
+    written outside the extraction folder."""
+    import zipfile
+
+    marker = tmp_path / "outside"
+    marker.mkdir()
+    name = entry.format(tmp=str(marker).strip("/"))
+    crafted = copy_package(package_path, tmp_path, digests=False)
+    with zipfile.ZipFile(crafted, "a") as archive:
+        info = zipfile.ZipInfo("sam3/data/aotinductor/model/libevil.so" if name == "link" else name)
+        if name == "link":
+            info.create_system, info.external_attr = 3, (0o120777 << 16)  # a symbolic link
+        archive.writestr(info, b"x")
+    from sam3_aoti.runtime.integrity import write_digest
+
+    write_digest(crafted)  # the user even has its digest: names are refused all the same
+    for load in (lambda: load_package(crafted), lambda: load_package(crafted, trust=True)):
+        with pytest.raises(PackageError, match="holds the entry .* which no sam3-aoti package has|root folders"):
+            load()
+    assert list(marker.iterdir()) == []
+
+
+def test_a_failed_load_leaves_no_extraction_folder(package_path, tmp_path):
+    """A package whose code is damaged but whose digests were rewritten to match (its builder's fault, not
+    tampering): torch's loader fails, the fallback takes over, and no /tmp/XXXXXX folder is left."""
+    def break_so(name, data):
+        return b"not an ELF file" if name.endswith(".wrapper.so") else data
+
+    broken = copy_package(package_path, tmp_path, break_so, digests=False, resign=True)
+    before = {p.path for p in extraction_folders()}
+    package = load_package(broken, trust=True)
+    assert package.backends == dict.fromkeys(TINY_MODELS, "exported") and package.fallback_reason
+    assert {p.path for p in extraction_folders()} == before
+
+
+def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(package_path, tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SAM3_AOTI_CACHE": str(cache)}
+    before = {p.name for p in Path("/tmp").iterdir()}
+    holder = subprocess.Popen([sys.executable, "-c", f"from sam3_aoti import load_package; "
+                               f"package = load_package({str(package_path)!r}); print('loaded', flush=True); "
+                               "import time; time.sleep(600)"], env=env, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "loaded"
+    folders = list((cache / "tmp").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith(f"{holder.pid}-")
+    assert sorted(p.name.split("-")[0] for p in folders[0].iterdir()) == sorted(TINY_MODELS)
+    holder.kill()
+    holder.wait()
+    proc = subprocess.run([sys.executable, "-c", f"from sam3_aoti import load_package; load_package({str(package_path)!r})"],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert list((cache / "tmp").iterdir()) == []  # swept (the owner is dead), and the new one removed at exit
+    assert {p.name for p in Path("/tmp").iterdir()} - before == set()
