@@ -120,8 +120,10 @@ def load(model, checkpoint: str) -> None:
     model.load_state_dict(state, strict=False)
 
 
-def grounding(model, pixels: torch.Tensor, prompts: list[str]):
-    """Meta's raw outputs for one image and each prompt (one row per prompt), as Sam3Processor computes them."""
+def grounding(model, pixels: torch.Tensor, prompts: list[str], boxes=None):
+    """Meta's raw outputs for one image and each prompt (one row per prompt), as Sam3Processor computes them;
+    with `boxes` ([K, 4] normalized cx, cy, w, h, and [K] labels, 1 positive), each appended to the geometric
+    prompt as `Sam3Processor.add_geometric_prompt` appends it."""
     from sam3.model.data_misc import FindStage
 
     find = FindStage(img_ids=torch.tensor([0]), text_ids=torch.tensor([0]), input_boxes=None, input_boxes_mask=None,
@@ -129,8 +131,11 @@ def grounding(model, pixels: torch.Tensor, prompts: list[str]):
     image = model.backbone.forward_image(pixels)
     rows = []
     for prompt in prompts:
+        geometric = model._get_dummy_prompt()
+        for box, label in zip(*boxes) if boxes is not None else ():
+            geometric.append_boxes(box.float().view(1, 1, 4), torch.tensor([bool(label)]).view(1, 1))
         out = model.forward_grounding(backbone_out={**image, **model.backbone.forward_text([prompt], device="cpu")},
-                                      find_input=find, geometric_prompt=model._get_dummy_prompt(), find_target=None)
+                                      find_input=find, geometric_prompt=geometric, find_target=None)
         rows.append((out["pred_logits"], out["pred_boxes"], out["pred_masks"], out["presence_logit_dec"]))
     return tuple(torch.cat(parts) for parts in zip(*rows))
 
@@ -147,8 +152,9 @@ def main() -> None:
         if "checkpoint" in request:
             model = build(request["config"], request["bpe"])
             load(model, request["checkpoint"])
-            result["outputs"] = [grounding(model, pixels, prompts)
-                                 for pixels, prompts in zip(request["pixels"], request["prompts"])]
+            boxes = request.get("boxes") or [None] * len(request["prompts"])
+            result["outputs"] = [grounding(model, pixels, prompts, case_boxes)
+                                 for pixels, prompts, case_boxes in zip(request["pixels"], request["prompts"], boxes)]
     torch.save(result, sys.argv[2])
 
 

@@ -59,8 +59,18 @@ def meta(built_repo, tmp_path_factory):
     config = Sam3Config.from_pretrained(art / "weights" / "checkpoint")
     request = {"config": config.to_dict(), "image_size": config.vision_config.backbone_config.image_size,
                "checkpoint": str(tmp / "sam3.pt"), "bpe": str(bundled_vocab_path()), "images": raw,
-               "pixels": pixels[:len(cases)], "prompts": [list(case.prompts) for case in cases]}
+               "pixels": pixels[:len(cases)], "prompts": [list(case.prompts) for case in cases],
+               "boxes": [exemplars(case) for case in cases]}
     return package, cases, pixels, run_meta_reference(request, tmp)
+
+
+def exemplars(case):
+    """A case's exemplar boxes as the package and Meta's model take them (normalized, [K, 4] and [K]), or None."""
+    if not case.boxes:
+        return None
+    image = case.load_image()
+    boxes, labels = case.exemplars(image.shape[1], image.shape[0])
+    return boxes[0], labels[0]
 
 
 def run_meta_reference(request: dict, folder) -> dict:
@@ -76,14 +86,19 @@ def run_meta_reference(request: dict, folder) -> dict:
 
 def test_package_matches_metas_sam3_query_by_query(meta, built_repo):
     """Same pixels, Meta's own tokenizer and model code: every output within verify's fp32 limits (AOTI vs
-    eager) and the parity gates (top-1 query, scores, boxes, masks of Meta's top-5)."""
+    eager) and the parity gates (top-1 query, scores, boxes, masks of Meta's top-5); the cases with exemplar
+    boxes through the package's parts against Meta's `forward_grounding` with those boxes as its geometric
+    prompt (no phrase: Meta's "visual")."""
     package, cases, pixels, result = meta
     settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
     tol = settings.stage("verify")["tolerances"]["fp32"]
     rows = []
     with torch.no_grad():
         for case, ours_pixels, theirs in zip(cases, pixels, result["outputs"]):
-            ours = package.model(ours_pixels, package.encode_prompts(case.prompts))
+            ids = package.encode_prompts(case.prompts)
+            boxes = exemplars(case)
+            ours = (package.model_with_boxes(ours_pixels, ids, boxes[0][None], boxes[1][None]) if boxes
+                    else package.model(ours_pixels, ids))
             theirs = tuple(t.reshape(o.shape) for t, o in zip(theirs, ours))
             row = case_row(case, ours, theirs)
             for name in OUTPUT_NAMES:

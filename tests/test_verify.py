@@ -201,6 +201,34 @@ def test_each_perturbation_of_a_real_build_fails_verify(tiny_outputs, name, prec
     assert failed, f"{name} passes every {precision} gate"
 
 
+BOXES = torch.tensor([[[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2]]]).repeat(2, 1, 1)
+LABELS = torch.tensor([[1, 0], [1, 1]])
+BOX_PERTURBATIONS = {  # the package's inputs, changed as a pipeline that mishandles its boxes would change them
+    "an exemplar box moved": lambda boxes, labels: (boxes + torch.tensor([0.05, 0.0, 0.0, 0.0]), labels),
+    "a label flipped": lambda boxes, labels: (boxes, torch.where(labels == 0, 1, 0)),
+    "the boxes ignored": lambda boxes, labels: None,
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(BOX_PERTURBATIONS))
+def test_each_box_perturbation_of_a_real_build_fails_verify(package_path, name, precision):
+    """A package that ignores or misreads its exemplar boxes fails verify's gates against the right outputs."""
+    from sam3_aoti.model.configs import example_inputs, tiny_config
+
+    tol = tomllib.loads((REPO / "pipeline.toml").read_text())["verify"]["tolerances"][precision]
+    package = load_package(package_path)
+    images, token_ids = example_inputs(tiny_config(), 2, 3, seed=7)
+    with torch.no_grad():
+        right = package.model_with_boxes(images, token_ids, BOXES, LABELS)
+        changed = BOX_PERTURBATIONS[name](BOXES, LABELS)
+        wrong = package.model(images, token_ids) if changed is None else package.model_with_boxes(
+            images, token_ids, *changed)
+    failed = [c.metric for c in verify.gate(compare(wrong, right, mask_band=tol.get("mask_band", 0.0)), tol, "aoti",
+                                            name) if not c.ok]
+    assert failed, f"{name} passes every {precision} gate"
+
+
 def test_the_tiny_model_reacts_to_image_and_prompt_far_beyond_its_limits(built_repo):
     """A gate is only as good as the signal under it: each output of the tiny CI model must move with the
     photograph and with the prompt by at least 100x the fp32 limit verify holds it to (pipeline.toml)."""

@@ -40,9 +40,11 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for case in load_cases():
-            pixels = transforms(to_tensor(case.load_image(), "cuda"))
-            mine = ours(pixels, encode_prompts(list(case.prompts)).cuda())
-            theirs = meta_outputs(meta, pixels, case.prompts, "cuda", settings.spec.parity)
+            image = case.load_image()
+            pixels, ids = transforms(to_tensor(image, "cuda")), encode_prompts(list(case.prompts)).cuda()
+            boxes = tuple(t.cuda() for t in case.exemplars(image.shape[1], image.shape[0])) if case.boxes else None
+            mine = ours.with_boxes(pixels, ids, *boxes) if boxes else ours(pixels, ids)
+            theirs = meta_outputs(meta, pixels, case.prompts, "cuda", settings.spec.parity, boxes)
             rows.append(case_row(case, mine, theirs, tolerances.get("mask_band", 0.0)))
     checks = check([{**row, "pixels_max_levels": 0} for row in rows], tolerances)  # the transforms are not compared
     for line in summarize(checks):

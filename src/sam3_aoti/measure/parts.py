@@ -10,13 +10,24 @@ from .timing import measure
 
 log = logging.getLogger(__name__)
 
+EXEMPLAR_BOXES = 4  # the boxes per image of bench's exemplar rows
+
 
 def part_times(package, eager, images, token_ids, flops: int, device: str, opts: dict) -> dict:
     """A split package's parts timed alone at this shape, with their FLOPs (counted on eager's own parts; the
     heads' are the whole call's less the encoders'), and encode once / decode many: one more prompt, and
-    this row's prompts, encoded and decoded against images encoded before."""
+    this row's prompts, encoded and decoded against images encoded before; and with exemplar boxes
+    (EXEMPLAR_BOXES per image, beside the phrases): the whole call, and a new exemplar set against encoded
+    images and prompts (encode_boxes and decode)."""
+    import torch
+
+    from ..model.exporting import example_boxes
+
     features, text = package.encode_image(images), package.encode_text(token_ids)
     with_new_prompts = lambda f, t: package.decode(f, package.encode_text(t))  # noqa: E731
+    with_new_boxes = lambda f, t, b, l: package.decode(f, t, package.encode_boxes(f, b, l))  # noqa: E731
+    boxes, _ = example_boxes(images.shape[0], EXEMPLAR_BOXES, device=images.device)
+    labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=images.device)
     image_flops = flops_of(eager, (images,), eager.encode_image)
     text_flops = flops_of(eager, (token_ids,), eager.encode_text)
     calls = {  # name: (call, args, FLOPs)
@@ -25,6 +36,11 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
         "decode": (package.decode, (features, text), flops - image_flops - text_flops),
         "a new prompt against encoded images": (with_new_prompts, (features, token_ids[:1]), None),
         "these prompts against encoded images": (with_new_prompts, (features, token_ids), None),
+        f"the whole call with {EXEMPLAR_BOXES} exemplar boxes": (package.model_with_boxes,
+                                                                (images, token_ids, boxes, labels), None),
+        f"a new set of {EXEMPLAR_BOXES} boxes against encoded images and prompts": (with_new_boxes,
+                                                                                   (features, text, boxes, labels),
+                                                                                   None),
     }
     parts = {}
     for name, (fn, args, flop) in calls.items():

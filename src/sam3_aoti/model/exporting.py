@@ -24,22 +24,47 @@ def export_transforms(module, example_image):
         return torch.export.export(module, (example_image,), dynamic_shapes=dynamic)
 
 
+def example_boxes(batch: int, count: int, seed: int = 0, device="cpu"):
+    """Seeded exemplar boxes `[batch, count, 4]` (normalized cx, cy, w, h, inside the image) and labels
+    (positive and negative; the last box of the first image padding when there are two or more)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    size = torch.rand(batch, count, 2, generator=g) * 0.5 + 0.05
+    center = size / 2 + torch.rand(batch, count, 2, generator=g) * (1 - size)
+    labels = torch.randint(0, 2, (batch, count), generator=g)
+    if count > 1:
+        labels[0, -1] = -10
+    return torch.cat([center, size], -1).to(device), labels.to(device)
+
+
 def export_parts(wrapper, example) -> dict:
-    """`[export] split`: the image encoder, the text encoder and the heads (`decode`) as programs of their own,
-    traced at the model's example, with the same dynamic batch and prompt counts."""
+    """`[export] split`: the image encoder, the text encoder, the exemplar encoder (`encode_boxes`) and the heads
+    (`decode`) as programs of their own, traced at the model's example (the heads with exemplar boxes, so the
+    geometry prompt's length is a dynamic dim), with dynamic batch, prompt and box counts."""
     import torch
     from torch.export import Dim
 
-    from ..model.grounding import Part
+    from ..model.grounding import DECODE_IMAGE_INPUTS, Part
+    from ..runtime.contract import MAX_BOXES
 
     images, token_ids = example
+    boxes, labels = example_boxes(images.shape[0], 3, device=images.device)
     with torch.no_grad():  # contiguous, as the runners pass every input: AOTInductor compiles for the example's strides
         features, text = ([t.contiguous() for t in part(x)] for part, x in
                           ((wrapper.encode_image, images), (wrapper.encode_text, token_ids)))
+        level2, position = features[-1], features[3]
+        geometry = [t.contiguous() for t in wrapper.encode_boxes(level2, position, boxes, labels)]
     batch, prompts = Dim("batch", min=1), Dim("num_prompts", min=1)
+    count, tokens = Dim("boxes", min=1, max=MAX_BOXES), Dim("geometry_tokens", min=1, max=MAX_BOXES + 1)
+    image_inputs = features[:DECODE_IMAGE_INPUTS - 2]
     specs = {"encode_image": ((images,), ({0: batch},)),
              "encode_text": ((token_ids,), ({0: prompts},)),
-             "decode": ((*features, *text), (*[{0: batch}] * len(features), *[{0: prompts}] * len(text)))}
+             "encode_boxes": ((level2, position, boxes, labels), ({0: batch}, {0: batch}, {0: batch, 1: count},
+                                                                   {0: batch, 1: count})),
+             "decode": ((*image_inputs, *geometry, *text), (*[{0: batch}] * len(image_inputs),
+                                                            *[{0: batch, 1: tokens}] * 2,
+                                                            *[{0: prompts}] * len(text)))}
     programs = {}
     for name, (args, dims) in specs.items():
         try:
@@ -52,5 +77,23 @@ def export_parts(wrapper, example) -> dict:
 
 def composed(programs: dict):
     """`decode(*encode_image(images), *encode_text(token_ids))` through the exported parts."""
+    from ..model.grounding import DECODE_IMAGE_INPUTS
+
     image, text, decode = (programs[name].module() for name in ("encode_image", "encode_text", "decode"))
-    return lambda images, token_ids: decode(*image(images), *text(token_ids))
+    return lambda images, token_ids: decode(*image(images)[:DECODE_IMAGE_INPUTS], *text(token_ids))
+
+
+def composed_with_boxes(programs: dict):
+    """`decode` of images, exemplar boxes and prompts through the exported parts (the grounding's own
+    `with_boxes` is the eager side)."""
+    from ..model.grounding import DECODE_IMAGE_INPUTS
+
+    image, text, boxes, decode = (programs[name].module()
+                                  for name in ("encode_image", "encode_text", "encode_boxes", "decode"))
+
+    def run(images, token_ids, box_coordinates, labels):
+        features = image(images)
+        geometry = boxes(features[-1], features[3], box_coordinates, labels)
+        return decode(*features[:DECODE_IMAGE_INPUTS - 2], *geometry, *text(token_ids))
+
+    return run

@@ -17,13 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Sam3Model
-from transformers.models.sam3.modeling_sam3 import inverse_sigmoid
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.sam3.modeling_sam3 import box_cxcywh_to_xyxy, inverse_sigmoid
 
 from ..runtime.contract import FP32_IN_BF16, IMAGE_MEAN, IMAGE_STD
 from .export_fixes import fix_for_export
 from .mixed_precision import apply_precision
 from .optimizations import optimize, part_submodules
 from .optimizations.pixel_decoder_per_image import PerImageMaskDecoder
+from .roi_align import roi_align
+
+DECODE_IMAGE_INPUTS = 6  # the outputs of encode_image that decode reads (contract.DECODE_INPUTS): all but the last
 
 
 class Sam3Grounding(nn.Module):
@@ -57,20 +61,23 @@ class Sam3Grounding(nn.Module):
                       box_path_linears=opts["box_path_linears"], optimizations=tuple(optimizations)).eval()
 
     def forward(self, images: torch.Tensor, token_ids: torch.Tensor):
-        return self.decode(*self.encode_image(images), *self.encode_text(token_ids))
+        return self.decode(*self.encode_image(images)[:DECODE_IMAGE_INPUTS], *self.encode_text(token_ids))
 
     def encode_image(self, images: torch.Tensor):
         """Per image, what the heads read of it: the two finer FPN levels (the mask decoder's; with
         `pixel_decoder_per_image`, their pixel-decoder convolutions, `PerImageMaskDecoder.laterals`), the DETR's
         level after the DETR encoder's first self-attention (which sees no prompt), the position encoding of
-        that level, and the no-box geometry prompt (it attends to the image only)."""
+        that level, the no-box geometry prompt (it attends to the image only) and its mask (`decode` reads these
+        six), and the DETR's level as the ViT left it, which `encode_boxes` pools exemplar boxes from."""
         vision = self.model.get_vision_features(pixel_values=images.to(self.dtype))
         level0, level1, level2 = vision.fpn_hidden_states[:-1]  # Sam3Model drops the coarsest level
         position = vision.fpn_position_encoding[-2]
         attended = self.model.detr_encoder.layers[0].self_attend(level2, position)
         if self.per_image_laterals:  # the mask decoder's per-image convolutions of them, once per image
             level0, level1 = self.model.mask_decoder.laterals(level0, level1)
-        return level0, level1, attended, position, self.empty_geometry_prompt(vision)
+        geometry = self.empty_geometry_prompt(vision)
+        geometry_mask = torch.ones(geometry.shape[:2], dtype=torch.long, device=geometry.device)
+        return level0, level1, attended, position, geometry, geometry_mask, level2
 
     @property
     def per_image_laterals(self) -> bool:
@@ -84,7 +91,45 @@ class Sam3Grounding(nn.Module):
         text = self.model.get_text_features(input_ids=token_ids, attention_mask=attention_mask)
         return text.pooler_output, attention_mask
 
-    def decode(self, level0, level1, attended, position, geometry, text_features, attention_mask):
+    def with_boxes(self, images, token_ids, boxes, labels):
+        """`forward` with exemplar boxes on each image: the composition the package's parts compute."""
+        features = self.encode_image(images)
+        geometry = self.encode_boxes(features[-1], features[3], boxes, labels)
+        return self.decode(*features[:DECODE_IMAGE_INPUTS - 2], *geometry, *self.encode_text(token_ids))
+
+    def encode_boxes(self, level2, position, boxes, labels):
+        """Exemplar boxes on encoded images: `boxes [B, K, 4]` (normalized cx, cy, w, h), `labels [B, K]` (1
+        positive, 0 negative, -10 padding, as transformers' `input_boxes_labels`) -> the geometry prompt
+        `[B, K + 1, C]` and its mask `[B, K + 1]` (padding 0), which `decode` takes in place of `encode_image`'s
+        no-box prompt. transformers' `Sam3GeometryEncoder` step by step, its torchvision ROI align as
+        `roi_align`; the CLS token comes after every box, padding included (transformers packs it after the
+        valid ones: attention and pooling ignore the order). Boxes from one image's features may be decoded
+        with other images: nothing here ties them to the image they were drawn on but the pooled features."""
+        encoder = self.model.geometry_encoder
+        batch, count = boxes.shape[:2]
+        valid = labels != -10
+        dtype, boxes = level2.dtype, boxes.float()  # coordinates stay fp32 (bf16 would move a box by 1/256)
+        normalized = encoder.vision_layer_norm(level2.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        height, width = level2.shape[-2:]
+        corners = box_cxcywh_to_xyxy(boxes) * boxes.new_tensor([width, height, width, height])
+        pooled = roi_align(normalized, corners, encoder.roi_size).flatten(0, 1)
+        embedded = (encoder.boxes_direct_project(boxes.to(dtype))
+                    + encoder.boxes_pool_project(pooled).view(batch, count, -1))
+        center_x, center_y, box_width, box_height = boxes.unbind(-1)
+        position_code = encoder._encode_box_coordinates(center_x.flatten(), center_y.flatten(), box_width.flatten(),
+                                                        box_height.flatten())
+        embedded = embedded + encoder.boxes_pos_enc_project(position_code.view(batch, count, -1).to(dtype))
+        embedded = encoder.label_embed(torch.where(valid, labels, 0).long()) + embedded
+        cls = encoder.cls_embed.weight.view(1, 1, -1).expand(batch, 1, -1)
+        prompt = encoder.prompt_layer_norm(encoder.final_proj(torch.cat([embedded, cls.to(embedded.dtype)], 1)))
+        mask = torch.cat([valid.long(), valid.new_ones(batch, 1).long()], 1)
+        attention_mask = create_bidirectional_mask(config=encoder.config, inputs_embeds=prompt, attention_mask=mask)
+        feats, pos = level2.flatten(2).transpose(1, 2), position.flatten(2).transpose(1, 2)
+        for layer in encoder.layers:
+            prompt = layer(prompt_feats=prompt, vision_feats=feats, vision_pos_encoding=pos, prompt_mask=attention_mask)
+        return encoder.output_layer_norm(prompt), mask
+
+    def decode(self, level0, level1, attended, position, geometry, geometry_mask, text_features, attention_mask):
         """The heads over every (image, prompt) pair of encoded images and encoded prompts: what
         `Sam3Model.forward` runs after its encoders for a text prompt, with the boxes and scores of the last
         decoder layer only (the model's outputs; Sam3Model scores all six and keeps the last)."""
@@ -94,8 +139,7 @@ class Sam3Grounding(nn.Module):
             return image_tensor.repeat_interleave(prompts, dim=0)
 
         prompt = torch.cat([text_features.repeat(batch, 1, 1), pairs(geometry)], dim=1)
-        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), attention_mask.new_ones(batch * prompts, 1)],
-                                dim=1).bool()
+        prompt_mask = torch.cat([attention_mask.repeat(batch, 1), pairs(geometry_mask)], dim=1).bool()
         encoded = model.detr_encoder(vision_features=[pairs(attended)], text_features=prompt,
                                      vision_pos_embeds=[pairs(position)], text_mask=prompt_mask)
         decoded = model.detr_decoder(vision_features=encoded.last_hidden_state, text_features=prompt,
@@ -140,6 +184,7 @@ PARTS = {
     "encode_image": ("vision_encoder", "geometry_encoder", "detr_encoder.layers.0"),
     "encode_text": ("text_encoder", "text_projection"),
     "decode": ("detr_encoder", "detr_decoder", "mask_decoder", "dot_product_scoring"),
+    "encode_boxes": ("geometry_encoder",),
 }
 
 

@@ -69,11 +69,12 @@ def meta_precision(recipe: str):
     return contextlib.nullcontext()
 
 
-def meta_outputs(model, pixels, prompts: list[str], device: str, recipe: str = "plain"):
+def meta_outputs(model, pixels, prompts: list[str], device: str, recipe: str = "plain", boxes=None):
     """Meta's raw outputs for one image and each prompt, stacked like the package's (pair = prompt), as
-    fp32 tensors."""
+    fp32 tensors; with `boxes` (`[1, K, 4]` normalized cx, cy, w, h and `[1, K]` labels, 1 positive), each box
+    appended to the geometric prompt as Meta's `Sam3Processor.add_geometric_prompt` appends it."""
     with meta_precision(recipe):
-        return tuple(t.float() for t in _meta_outputs(model, pixels, prompts, device))
+        return tuple(t.float() for t in _meta_outputs(model, pixels, prompts, device, boxes))
 
 
 def meta_find_stage(img_ids, text_ids):
@@ -84,7 +85,7 @@ def meta_find_stage(img_ids, text_ids):
                      input_boxes_label=None, input_points=None, input_points_mask=None)
 
 
-def _meta_outputs(model, pixels, prompts, device):
+def _meta_outputs(model, pixels, prompts, device, boxes=None):
     import torch
 
     find = meta_find_stage(torch.tensor([0], device=device), torch.tensor([0], device=device))
@@ -92,8 +93,12 @@ def _meta_outputs(model, pixels, prompts, device):
     rows = []
     for prompt in prompts:
         backbone_out = {**image_out, **model.backbone.forward_text([prompt], device=device)}
-        out = model.forward_grounding(backbone_out=backbone_out, find_input=find,
-                                      geometric_prompt=model._get_dummy_prompt(), find_target=None)
+        geometric = model._get_dummy_prompt()
+        for box, label in zip(*(t[0] for t in boxes)) if boxes is not None else ():
+            label = torch.tensor([bool(label)], device=device).view(1, 1)
+            geometric.append_boxes(box.float().view(1, 1, 4).to(device), label)
+        out = model.forward_grounding(backbone_out=backbone_out, find_input=find, geometric_prompt=geometric,
+                                      find_target=None)
         rows.append((out["pred_logits"], out["pred_boxes"], out["pred_masks"], out["presence_logit_dec"]))
     return tuple(torch.cat(parts) for parts in zip(*rows))
 

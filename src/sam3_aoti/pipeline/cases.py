@@ -14,7 +14,15 @@ from .schema import check_known, read_toml
 class Case:
     name: str
     image_ref: str
-    prompts: tuple[str, ...]
+    prompts: tuple[str, ...]  # Meta's "visual" for a case of boxes alone
+    boxes: tuple[tuple[float, float, float, float], ...] = ()  # exemplar boxes, pixels of the file (x0, y0, x1, y1)
+    labels: tuple[int, ...] = ()  # 1 positive, 0 negative, one per box
+
+    def exemplars(self, width: int, height: int):
+        """The case's boxes as `encode_boxes` takes them: `[1, K, 4]` normalized, `[1, K]` labels."""
+        from ..runtime.exemplars import normalized_boxes
+
+        return normalized_boxes(list(self.boxes), list(self.labels), width, height)
 
     def load_image(self):
         """HxWx3 uint8 RGB (numpy), read as `predict` reads an image (runtime.images: as a viewer shows it)."""
@@ -32,7 +40,7 @@ class Case:
 
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
-CASE_KEYS = {"case": ("image", "prompts"), "folder": ("path", "prompts")}
+CASE_KEYS = {"case": ("image", "prompts", "boxes", "negative_boxes"), "folder": ("path", "prompts")}
 
 
 def _tables(path: Path, table: dict, kind: str) -> list[dict]:
@@ -78,13 +86,21 @@ def case_entries(path: Path) -> list[tuple[str, dict]]:
 
 
 def load_cases(path: Path = DEFAULT_CASES) -> list[Case]:
+    from ..runtime.contract import NEGATIVE, POSITIVE, VISUAL_PROMPT
+
     check_cases(path)
-    cases = []
+    cases, names = [], set()
     for _, entry in case_entries(path):
         ref = entry["image"]
         if not ref.startswith("skimage:"):
             ref = str((Path(path).parent / ref).resolve())
-        cases.append(Case(Path(ref.removeprefix("skimage:")).stem, ref, tuple(entry["prompts"])))
+        boxes = [tuple(b) for b in entry.get("boxes", [])] + [tuple(b) for b in entry.get("negative_boxes", [])]
+        labels = [POSITIVE] * len(entry.get("boxes", [])) + [NEGATIVE] * len(entry.get("negative_boxes", []))
+        name = base = Path(ref.removeprefix("skimage:")).stem + ("-exemplars" if boxes else "")
+        while name in names:  # one image in two cases: render's pictures and verify's rows need distinct names
+            name = f"{base}-{len(names)}"
+        names.add(name)
+        cases.append(Case(name, ref, tuple(entry.get("prompts") or [VISUAL_PROMPT]), tuple(boxes), tuple(labels)))
     return cases
 
 
@@ -98,9 +114,19 @@ def check_cases(path: Path) -> None:
 
     for where, entry in case_entries(path):
         prompts = entry.get("prompts")
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        has_boxes = bool(entry.get("boxes") or entry.get("negative_boxes"))
+        if (prompts is not None or not has_boxes) and (
+                not isinstance(prompts, list) or not prompts
+                or not all(isinstance(p, str) and p.strip() for p in prompts)):
             raise ConfigError(f"{path} {where}: prompts must be a non-empty list of non-empty strings, "
-                              f"got {prompts!r}: write prompts = [\"a cat\", \"a dog\"]")
+                              f"got {prompts!r}: write prompts = [\"a cat\", \"a dog\"] (or leave it out beside boxes)")
+        for key in ("boxes", "negative_boxes"):
+            boxes = entry.get(key, [])
+            if not isinstance(boxes, list) or not all(
+                    isinstance(b, list) and len(b) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                                 for v in b) for b in boxes):
+                raise ConfigError(f"{path} {where}: {key} must be a list of [x0, y0, x1, y1] boxes in pixels of the "
+                                  f"image, got {boxes!r}")
         image = entry.get("image")
         if not isinstance(image, str) or not image:
             raise ConfigError(f"{path} {where}: needs image = \"skimage:NAME\" or a path to an image file, got {image!r}")
@@ -111,6 +137,9 @@ def check_cases(path: Path) -> None:
             if name not in skimage.data.__all__:
                 raise ConfigError(f"{path} {where}: skimage has no sample image {name!r}: use one of "
                                   f"astronaut, chelsea, coffee, rocket, camera, coins, ...")
+        if has_boxes:
+            _check_boxes(path, where, entry, image)
+        if image.startswith("skimage:"):
             continue
         file = (Path(path).parent / image).resolve()
         if not file.is_file():
@@ -123,3 +152,21 @@ def check_cases(path: Path) -> None:
             raise ConfigError(f"{path} {where}: {e}") from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
             raise ConfigError(f"{path} {where}: image {file} does not decode ({e}): replace or remove it") from None
+
+
+def _check_boxes(path: Path, where: str, entry: dict, image: str) -> None:
+    """The case's boxes fit its image (runtime.exemplars' checks, as `predict` makes them)."""
+    from ..errors import InputError
+    from ..runtime.contract import NEGATIVE, POSITIVE
+
+    case = Case("check", image if image.startswith("skimage:") else str((Path(path).parent / image).resolve()), (),
+                tuple(tuple(b) for b in entry.get("boxes", []) + entry.get("negative_boxes", [])),
+                (POSITIVE,) * len(entry.get("boxes", [])) + (NEGATIVE,) * len(entry.get("negative_boxes", [])))
+    try:
+        picture = case.load_image()
+    except ConfigError:
+        return  # the image's own check says why
+    try:
+        case.exemplars(picture.shape[1], picture.shape[0])
+    except InputError as e:
+        raise ConfigError(f"{path} {where}: {e}") from None

@@ -12,7 +12,10 @@ VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
 MODEL_NAMES = ("model", "transforms")  # in every package
 # With `[export] split`, beside them: model = decode(*encode_image(images), *encode_text(token_ids)). They read
 # `model`'s weights (the package stores them once) and are loaded all three or none.
-PART_NAMES = ("encode_image", "encode_text", "decode")
+PART_NAMES = ("encode_image", "encode_text", "encode_boxes", "decode")
+# The parts that read model's weights in place (no blob of their own). encode_boxes has its own: the box
+# encoder's layers are weights `model`, which never sees a box, does not hold.
+SHARED_WEIGHT_PARTS = ("encode_image", "encode_text", "decode")
 
 
 def read_extra_files(path: Path) -> dict:

@@ -48,7 +48,17 @@ def aligned_rows(mask: torch.Tensor) -> torch.Tensor:
     """An additive mask with its rows padded to a multiple of MASK_ROW_ALIGN elements and sliced back (only the
     strides change), as the memory-efficient kernel wants its bias (model.export_fixes' `dense_mask` uses it too)."""
     keys = mask.shape[-1]
-    return F.pad(mask, (0, -keys % MASK_ROW_ALIGN))[..., :keys]
+    width = keys + -keys % MASK_ROW_ALIGN if isinstance(keys, int) else _aligned_bound(keys)
+    return F.pad(mask, (0, width - keys))[..., :keys]
+
+
+def _aligned_bound(keys) -> int:
+    """A dynamic key count (the exemplar boxes' geometry tokens) as export sees it: its largest value rounded up
+    to MASK_ROW_ALIGN, a static row stride. Padding to the count's own multiple of 8 makes export guard on it."""
+    upper = keys.node.shape_env.bound_sympy(keys.node.expr).upper
+    if not upper.is_finite:
+        return keys + -keys % MASK_ROW_ALIGN
+    return int(upper) + -int(upper) % MASK_ROW_ALIGN
 
 
 def reference(query, key, value, scale: float, bias_y=None, bias_x=None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ...` runs a built package on one image;
+"""`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ... [--box X0,Y0,X1,Y1 ...]` runs a built package on one image;
 `sam3-aoti info PACKAGE [--json]` says what a package holds; `sam3-aoti pull URL REF DEST` fetches a verified
 package by a signed ref from a binary cache; `sam3-aoti cache keygen NAME --out KEYFILE` makes a signing key.
 
@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from ..errors import PackageError, Sam3AotiError, first_line
+from .contract import NEGATIVE, POSITIVE
+from .exemplars import parse_box
 from .images import read_image
 
 
@@ -53,10 +55,15 @@ PROMPT_CHUNK = 16  # prompts decoded at once by a split package: bounds the per-
 
 
 def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
-            trust: bool = False, sha256: str | None = None) -> dict:
+            trust: bool = False, sha256: str | None = None, boxes: list = (), labels: list = (),
+            exemplar_image: Path | None = None) -> dict:
+    """`boxes` (pixel corners) with `labels` (1 positive, 0 negative) are exemplars drawn on `image_path`, or on
+    `exemplar_image` when given (one exemplar set searched for in another image); with no prompt the phrase is
+    Meta's "visual"."""
     created = check_output(output)
     try:
-        return _predict(package_path, image_path, prompts, threshold, output, trust, sha256)
+        return _predict(package_path, image_path, prompts, threshold, output, trust, sha256, list(boxes),
+                        list(labels), exemplar_image)
     except BaseException:
         for folder in created:  # the outermost last: only what this run made, and only if still empty
             with contextlib.suppress(OSError):
@@ -65,13 +72,18 @@ def predict(package_path: Path, image_path: Path, prompts: list[str], threshold:
 
 
 def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
-             trust: bool, sha256: str | None) -> dict:
+             trust: bool, sha256: str | None, boxes: list, labels: list, exemplar_image: Path | None) -> dict:
     import torch
 
+    from .contract import VISUAL_PROMPT
+    from .exemplars import normalized_boxes
     from .loader import load_package
     from .postprocess import instances, overlay, to_tensor
 
     image = read_image(image_path)
+    drawn_on = read_image(exemplar_image) if exemplar_image else image
+    exemplars = normalized_boxes(boxes, labels, drawn_on.shape[1], drawn_on.shape[0]) if boxes else None
+    prompts = prompts or [VISUAL_PROMPT]
     # cuda_graphs off: one call, and a capture would only add warm-ups
     package = load_package(package_path, trust=trust, cuda_graphs=False, sha256=sha256)
     device = package_device(package.metadata)
@@ -79,23 +91,32 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
     with torch.inference_mode():
         pixels = package.transforms(to_tensor(image, device))
         token_ids = package.encode_prompts(prompts).to(device)
-        if package.parts and len(prompts) > PROMPT_CHUNK:  # the image encoded once, the prompts a chunk at a time
+        if exemplars is not None or (package.parts and len(prompts) > PROMPT_CHUNK):
+            features = package.encode_image(pixels)  # the image encoded once, the prompts a chunk at a time
+            if exemplars is not None:
+                source = features if exemplar_image is None else package.encode_image(
+                    package.transforms(to_tensor(drawn_on, device)))
+                exemplars = package.encode_boxes(source, *(t.to(device) for t in exemplars))
             texts = [package.encode_text(token_ids[i:i + PROMPT_CHUNK]) for i in range(0, len(prompts), PROMPT_CHUNK)]
-            outputs = package.decode_chunked(package.encode_image(pixels), texts)
+            outputs = package.decode_chunked(features, texts, exemplars)
         else:
             outputs = package.model(pixels, token_ids)
     seconds = time.perf_counter() - t0
     found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
-    title = f"{image_path.name}: {', '.join(prompts)} (score >= {threshold})"
+    given = [{"box_xyxy": list(b), "label": "positive" if label else "negative"} for b, label in zip(boxes, labels)]
+    title = f"{image_path.name}: {', '.join(prompts)}" + (f", {len(boxes)} exemplar boxes" if boxes else "") \
+        + (f" from {exemplar_image.name}" if exemplar_image else "") + f" (score >= {threshold})"
     result = {
         "image": str(image_path), "package": str(package_path), "width": image.shape[1], "height": image.shape[0],
         "prompts": prompts, "threshold": threshold, "backend": package.backends["model"],
         "seconds": round(seconds, 4), "instances": [inst.as_json() for inst in found],
     }
+    if boxes:
+        result["exemplars"] = {"image": str(exemplar_image or image_path), "boxes": given}
     picture, record = outputs_of(output)
     try:
         picture.parent.mkdir(parents=True, exist_ok=True)
-        overlay(image, found, title).save(picture)
+        overlay(image, found, title, [] if exemplar_image else zip(boxes, labels)).save(picture)
         record.write_text(json.dumps(result, indent=2) + "\n")
     except OSError as e:
         raise PackageError(f"cannot write {picture} / {record} ({first_line(e)}): pass another --output") from None
@@ -166,7 +187,14 @@ def run_command(argv: list[str] | None) -> None:
     run = commands.add_parser("predict", help="run a package on an image and write an overlay PNG + JSON")
     run.add_argument("package", type=Path, help="the .pt2 archive (artifacts/<profile>/package/sam3.pt2)")
     run.add_argument("--image", type=Path, required=True, help="an RGB image file")
-    run.add_argument("--prompt", action="append", required=True, help="a noun phrase; repeat for several")
+    run.add_argument("--prompt", action="append", default=[], help="a noun phrase; repeat for several (none with "
+                                                                  "--box: Meta's \"visual\")")
+    run.add_argument("--box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                     help="an exemplar box, pixels of the image: find things like what it holds (repeat)")
+    run.add_argument("--negative-box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                     help="an exemplar box of what not to find (repeat)")
+    run.add_argument("--boxes-on", type=Path, metavar="IMAGE",
+                     help="the boxes are drawn on this image, searched for in --image (one exemplar, many tiles)")
     run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
     run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
     run.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package (instead of "
@@ -201,8 +229,15 @@ def run_command(argv: list[str] | None) -> None:
         return
     if not 0.0 <= args.threshold <= 1.0:
         parser.error("--threshold must be between 0 and 1")
+    if not args.prompt and not (args.box or args.negative_box):
+        parser.error("give --prompt, --box or both")
+    if args.boxes_on and not (args.box or args.negative_box):
+        parser.error("--boxes-on names the image the --box corners are on: give --box too")
+    boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
+    labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
     output = args.output or Path(f"{args.image.stem}_sam3")
-    result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust, args.sha256)
+    result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust, args.sha256, boxes,
+                     labels, args.boxes_on)
     picture, record = outputs_of(output)
     print(f"{len(result['instances'])} instance(s) in {result['seconds'] * 1000:.0f} ms ({result['backend']}): "
           f"{picture}, {record}")

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
-from .archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, VOCAB_FILE, archive_entries, fallback_of, read_extra_files
+from .archive import (METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, archive_entries,
+                      fallback_of, read_extra_files)
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import check_package
 
@@ -60,13 +61,14 @@ class Sam3Package:
 
     @property
     def parts(self) -> tuple[str, ...]:
-        """The split models this package holds: encode_image, encode_text, decode, or none."""
+        """The split models this package holds: encode_image, encode_text, encode_boxes, decode, or none."""
         return tuple(name for name in PART_NAMES if name in self.runners)
 
     def _part(self, name: str) -> Callable:
         if name not in self.runners:
-            raise InputError(f"{self.path.name} has no {name}: add its profile ({self.metadata.get('profile')}) to "
-                             "`[export] split` in pipeline.toml and build again, or call model(images, token_ids)")
+            raise InputError(f"{self.path.name} has no {name} (exemplar boxes and encode once / decode many need the "
+                             f"model's parts): add its profile ({self.metadata.get('profile')}) to `[export] split` in "
+                             "pipeline.toml and build again, or call model(images, token_ids)")
         return self.runners[name]
 
     def encode_image(self, images):
@@ -78,18 +80,48 @@ class Sam3Package:
         """`token_ids` (encode_prompts) -> the prompts' features, a tuple `decode` takes (keep a class list's)."""
         return self._part("encode_text")(token_ids)
 
-    def decode(self, features, text):
-        """The outputs of `model(images, token_ids)` from `encode_image(images)` and `encode_text(token_ids)`,
-        in its pairing: pair i = (image i // num_prompts, prompt i % num_prompts)."""
-        return self._part("decode")(features, text)
+    def encode_boxes(self, features, boxes, labels=None):
+        """Exemplar boxes on encoded images -> `exemplars`, the geometry prompt `decode` takes in place of the
+        images' own no-box one. `features`: `encode_image(images)`; `boxes [B, K, 4]` float32, normalized
+        (cx, cy, w, h) per image (`exemplars.normalized_boxes` turns pixel corners into them); `labels [B, K]`
+        int64, 1 positive, 0 negative, -10 padding (images with fewer boxes), all positive when left out."""
+        import torch
 
-    def decode_chunked(self, features, texts: list):
+        from .exemplars import check_boxes
+
+        if labels is None and isinstance(boxes, torch.Tensor):
+            labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
+        check_boxes(boxes, labels, features[0].shape[0], self.metadata.get("device", "cpu"))
+        return self._part("encode_boxes")(features[6], features[3], boxes, labels)
+
+    def decode(self, features, text, exemplars=None):
+        """The outputs of `model(images, token_ids)` from `encode_image(images)` and `encode_text(token_ids)`,
+        in its pairing: pair i = (image i // num_prompts, prompt i % num_prompts). With `exemplars`
+        (`encode_boxes`), the images are searched with those boxes beside the prompts; exemplars of one image
+        search every image of `features` (one exemplar set, many tiles: a use no reference model defines)."""
+        image, geometry = tuple(features[:4]), tuple(features[4:6])
+        if exemplars is not None:
+            batch, geometry = image[0].shape[0], tuple(exemplars)
+            if geometry[0].shape[0] == 1 and batch > 1:
+                geometry = tuple(t.expand(batch, *t.shape[1:]) for t in geometry)
+            elif geometry[0].shape[0] != batch:
+                raise InputError(f"exemplars are for {geometry[0].shape[0]} images, features for {batch}: "
+                                 "encode boxes on these images, or on one image to search them all")
+        return self._part("decode")(image, geometry, text)
+
+    def model_with_boxes(self, images, token_ids, boxes, labels=None):
+        """`model(images, token_ids)` with exemplar boxes on every image (`encode_boxes` says what they are):
+        encode_image, encode_boxes and decode in one call."""
+        features = self.encode_image(images)
+        return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
+
+    def decode_chunked(self, features, texts: list, exemplars=None):
         """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
         `encode_text` of each chunk, in order): decoded a chunk at a time and put back in model's pairing."""
         import torch
 
         batch = features[0].shape[0]
-        chunks = [self.decode(features, text) for text in texts]
+        chunks = [self.decode(features, text, exemplars) for text in texts]
         return tuple(torch.cat([o.unflatten(0, (batch, -1)) for o in outputs], dim=1).flatten(0, 1)
                      for outputs in zip(*chunks))
 
@@ -238,7 +270,8 @@ class CheckedPart:
         if self.name == "encode_text":
             check_token_ids(groups[0], self.device, self.context, self.vocab)
         args = [t for group in groups for t in (group if isinstance(group, (tuple, list)) else (group,))]
-        hint = {"decode": "pass decode(encode_image(images), encode_text(token_ids)) of this package"}.get(
+        hint = {"decode": "pass decode(encode_image(images), encode_text(token_ids)) of this package",
+                "encode_boxes": "pass encode_boxes(encode_image(images), boxes, labels) of this package"}.get(
             self.name, "")
         if len(args) != len(self.inputs):
             raise InputError(f"{self.name} takes {len(self.inputs)} tensors, got {len(args)}: {hint}")
@@ -305,7 +338,7 @@ def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
         raise PackageError(problem)
     runners = {name: AotiRunner(path, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu", name in graphed)
                for name in models_in(path, built)}
-    for name in PART_NAMES:
+    for name in SHARED_WEIGHT_PARTS:
         if name in runners:
             runners[name].read_weights_of(runners["model"])
     return runners

@@ -45,8 +45,10 @@ PALETTE = np.array([(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48),
                     (70, 240, 240), (240, 50, 230), (210, 245, 60)], dtype=np.float32)
 
 
-def overlay(image: np.ndarray, found: list[Instance], title: str):
-    """An RGB PIL image: masks tinted, boxes drawn, one label per instance."""
+def overlay(image: np.ndarray, found: list[Instance], title: str, exemplars=()):
+    """An RGB PIL image: masks tinted, boxes drawn, one label per instance; `exemplars` (pixel corners, label),
+    the boxes the prompt gave, apart from the detections: white (positive) or black (negative), thick, each
+    marked "+" or "-" inside its top left corner."""
     from PIL import Image, ImageDraw
 
     canvas = image.astype(np.float32).copy()
@@ -59,6 +61,11 @@ def overlay(image: np.ndarray, found: list[Instance], title: str):
         draw.rectangle(inst.box_xyxy, outline=color, width=2)
         x, y = inst.box_xyxy[0], max(inst.box_xyxy[1] - 12, 0)
         draw.text((x + 2, y), f"{inst.prompt} {inst.score:.2f}", fill=color)
+    for corners, label in exemplars:
+        color = (255, 255, 255) if label else (0, 0, 0)
+        draw.rectangle(corners, outline=(128, 128, 128), width=5)
+        draw.rectangle(corners, outline=color, width=3)
+        draw.text((corners[0] + 5, corners[1] + 4), "+" if label else "-", fill=color)
     draw.rectangle((0, 0, picture.width, 14), fill=(0, 0, 0))
     draw.text((3, 1), title, fill=(255, 255, 255))
     return picture

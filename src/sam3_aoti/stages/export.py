@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import ExportError, first_line
-from ..model.exporting import composed, export_model, export_parts, export_transforms
+from ..model.exporting import composed, composed_with_boxes, example_boxes, export_model, export_parts, export_transforms
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -80,7 +80,7 @@ def run(settings: Settings) -> None:
     if split:
         t0 = time.perf_counter()
         programs.update(export_parts(wrapper, example))
-        log.info("encode_image, encode_text and decode exported in %.1f s", time.perf_counter() - t0)
+        log.info("encode_image, encode_text, encode_boxes and decode exported in %.1f s", time.perf_counter() - t0)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
         args = example_inputs(config, b, p, seed=1, device=device)
         diff = check_against_eager("model", model_ep.module(), wrapper, args, atol)
@@ -88,6 +88,12 @@ def run(settings: Settings) -> None:
         if split:
             diff = check_against_eager("decode(encode_image, encode_text)", composed(programs), wrapper, args, atol)
             log.info("re-run of the parts at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
+            for count in (1, 5):  # exemplar boxes: one, and more than the trace's
+                boxes = example_boxes(b, count, seed=count, device=device)
+                diff = check_against_eager("decode with encode_boxes", composed_with_boxes(programs),
+                                           wrapper.with_boxes, (*args, *boxes), atol)
+                log.info("re-run with %d exemplar boxes at (B, P) = (%d, %d): max |exported - eager| = %.3g", count,
+                         b, p, diff)
 
     image_size = config.vision_config.backbone_config.image_size
     transforms = ImageTransforms(image_size).eval()

@@ -21,7 +21,7 @@ from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
 from ..pipeline.artifacts import check_free_space, mark, record, recorded_sha256
 from ..pipeline.paths import ProfilePaths
-from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, VOCAB_FILE, fallback_of
+from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
 from ..runtime.integrity import digest_file, write_digest
 from ..runtime.loader import load_aoti_runners
@@ -70,6 +70,10 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
             **{name: part_metadata(program, name) for name in PART_NAMES if name in index["models"]},
         },
         "box_format": contract.BOX_FORMAT,
+        "exemplars": {"model": "encode_boxes", "box_format": contract.BOX_FORMAT, "max_boxes": contract.MAX_BOXES,
+                      "labels": {"positive": contract.POSITIVE, "negative": contract.NEGATIVE,
+                                 "padding": contract.PADDING},
+                      "prompt_without_phrase": contract.VISUAL_PROMPT} if "encode_boxes" in index["models"] else None,
         "mask_format": contract.MASK_FORMAT,
         "score": contract.SCORE,
         "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
@@ -98,21 +102,27 @@ def part_metadata(program: dict, name: str) -> dict:
     inputs, input_dims, outputs, output_dims = {
         "encode_image": (("images",), image, contract.IMAGE_FEATURES, image * len(contract.IMAGE_FEATURES)),
         "encode_text": (("token_ids",), text, contract.TEXT_FEATURES, text * len(contract.TEXT_FEATURES)),
-        "decode": (contract.IMAGE_FEATURES + contract.TEXT_FEATURES,
-                   image * len(contract.IMAGE_FEATURES) + text * len(contract.TEXT_FEATURES), contract.OUTPUT_NAMES,
+        "encode_boxes": (contract.BOX_INPUTS, image * len(contract.BOX_INPUTS), contract.GEOMETRY,
+                         image * len(contract.GEOMETRY)),
+        "decode": (contract.DECODE_INPUTS, image * 6 + text * 2, contract.OUTPUT_NAMES,
                    pairs * len(contract.OUTPUT_NAMES)),
     }[name]
+    # the second dim, where it is dynamic: the boxes per image, and the geometry prompt's tokens (boxes + 1)
+    second = {"encode_boxes": {"boxes": "boxes", "box_labels": "boxes", "geometry_prompt": "boxes+1",
+                               "geometry_mask": "boxes+1"},
+              "decode": {"geometry_prompt": "geometry_tokens", "geometry_mask": "geometry_tokens"}}.get(name, {})
     io = program["programs"][name]
 
     def described(labels, firsts, tensors):
         if len(tensors) != len(labels):
             raise PackageError(f"the exported {name} has {len(tensors)} tensors where {len(labels)} were expected: "
                                "run `uv run doit export` again")
-        return {n: {"shape": [d, *t["shape"][1:]], "dtype": t["dtype"]} for n, d, t in zip(labels, firsts, tensors)}
+        return {n: {"shape": [d, *([second[n]] if n in second else t["shape"][1:2]), *t["shape"][2:]],
+                    "dtype": t["dtype"]} for n, d, t in zip(labels, firsts, tensors)}
 
     return {"inputs": described(inputs, input_dims, io["example_inputs"]), "input_order": list(inputs),
             "outputs": described(outputs, output_dims, io["outputs"]), "output_order": list(outputs),
-            "weights_from": "model"}  # no blob of its own: the loader hands it model's tensors
+            **({"weights_from": "model"} if name in SHARED_WEIGHT_PARTS else {})}  # shared: the loader hands it model's tensors
 
 
 def check_shares_weights(exported: Path, index: dict, parts: list[str]) -> None:
@@ -172,14 +182,14 @@ def run(settings) -> None:
     with atomic_output(paths.fallback_package) as tmp:
         link_or_copy(paths.exported, tmp)
     write_digest(paths.fallback_package)
-    check_shares_weights(paths.exported, index, [n for n in PART_NAMES if n in index["models"]])
+    check_shares_weights(paths.exported, index, [n for n in SHARED_WEIGHT_PARTS if n in index["models"]])
     with atomic_output(paths.package) as tmp:
         aoti_files, parts = {}, {}
         for name in index["models"]:
             compiled = index["models"][name]
             files = [paths.compiled / name / f for f in compiled["files"]]
             blob = tmp.parent / compiled["blob"]
-            if name not in PART_NAMES and write_weights_blob(paths.exported, name, compiled, blob):
+            if name not in SHARED_WEIGHT_PARTS and write_weights_blob(paths.exported, name, compiled, blob):
                 log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
                 files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
             aoti_files[name] = [str(f) for f in files]

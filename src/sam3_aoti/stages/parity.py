@@ -46,8 +46,11 @@ def run(settings: Settings) -> None:
         for case in load_cases():
             image = case.load_image()
             pixels = package.transforms(to_tensor(image, settings.device))
-            ours = package.model(pixels, package.encode_prompts(case.prompts).to(settings.device))
-            theirs = meta_outputs(model, pixels, case.prompts, settings.device, settings.spec.parity)
+            ids = package.encode_prompts(case.prompts).to(settings.device)
+            boxes = tuple(t.to(settings.device) for t in case.exemplars(image.shape[1], image.shape[0])) \
+                if case.boxes else None
+            ours = package.model_with_boxes(pixels, ids, *boxes) if boxes else package.model(pixels, ids)
+            theirs = meta_outputs(model, pixels, case.prompts, settings.device, settings.spec.parity, boxes)
             row = case_row(case, ours, theirs, tolerances.get("mask_band", 0.0))
             rows.append({**row, **pixel_difference(pixels, meta_pixels(model, image, pixels.shape[-1], settings.device))})
     checks = check(rows, tolerances)

@@ -87,14 +87,21 @@ def run(settings: Settings) -> None:
             image = case.load_image()
             x = to_tensor(image, settings.device)
             token_ids = package.encode_prompts(list(case.prompts)).to(settings.device)
+            boxes = tuple(t.to(settings.device) for t in case.exemplars(image.shape[1], image.shape[0])) if case.boxes else ()
+            models = [("eager", cached_eager, transforms(x)), ("AOTI", package.model, package.transforms(x))]
+            if boxes:  # through the parts, with the case's exemplar boxes
+                models = [("eager", lambda i, t: cache.get((i, t, *boxes), lambda *a: eager().with_boxes(*a)),
+                           transforms(x)), ("AOTI", lambda i, t: package.model_with_boxes(i, t, *boxes),
+                                            package.transforms(x))]
             panels, outs = [], []
-            for label, run_model, images in [("eager", cached_eager, transforms(x)), ("AOTI", package.model, package.transforms(x))]:
+            for label, run_model, images in models:
                 out = run_model(images, token_ids)
                 outs.append(out)
                 found = instances(out, list(case.prompts), image.shape[:2], threshold=threshold)
                 if not found:
                     found = instances(out, list(case.prompts), image.shape[:2], top_k=1)[:top_k]
-                panels.append(overlay(image, found[:top_k], f"{label}: " + ", ".join(case.prompts)))
+                panels.append(overlay(image, found[:top_k], f"{label}: " + ", ".join(case.prompts),
+                                      zip(case.boxes, case.labels)))
             (reference, candidate) = outs
             ref_scores, cand_scores = scores(reference), scores(candidate)
             points += list(zip(ref_scores.flatten().tolist(), cand_scores.flatten().tolist()))
@@ -103,7 +110,8 @@ def run(settings: Settings) -> None:
             side_by_side(*panels).save(tmp / name)
             diff_heatmap(candidate[2][pair, query], reference[2][pair, query],
                          f"top mask |AOTI - eager| ({case.prompts[pair]})").save(tmp / heat)
-            lines.append(f"## {case.name}: {', '.join(case.prompts)}\n\n![{case.name}]({name}) ![diff]({heat})\n")
+            given = f", {len(case.boxes)} exemplar boxes (white +, black -)" if case.boxes else ""
+            lines.append(f"## {case.name}: {', '.join(case.prompts)}{given}\n\n![{case.name}]({name}) ![diff]({heat})\n")
             log.info("rendered %s", name)
         score_scatter(points).save(tmp / "scores.png")
         lines.insert(4, "![scores](scores.png)\n")

@@ -96,15 +96,21 @@ def run_checks(settings: Settings, package, fallback, eager, eager_transforms, c
                 if got == want:
                     rows += gate(compare(out, reference, mask_band=band), tol, backend, label)
         for case in cases:
-            image = to_tensor(case.load_image(), device)
+            picture = case.load_image()
+            image = to_tensor(picture, device)
             token_ids = package.encode_prompts(list(case.prompts)).to(device)
             ref_images = eager_transforms(image)
-            reference = cache.get((ref_images, token_ids), eager)
+            if case.boxes:  # exemplars: through the parts (encode_image, encode_boxes, decode), against eager's
+                boxes = tuple(t.to(device) for t in case.exemplars(picture.shape[1], picture.shape[0]))
+                reference = cache.get((ref_images, token_ids, *boxes), eager.with_boxes)
+            else:
+                reference = cache.get((ref_images, token_ids), eager)
             for backend, pkg in backends.items():
                 images = pkg.transforms(image)
                 diff = float((images - ref_images).abs().max())
                 rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                for how, run in ways[backend].items():
+                runs = {" boxes": lambda i, t, p=pkg: p.model_with_boxes(i, t, *boxes)} if case.boxes else ways[backend]
+                for how, run in runs.items():
                     rows += gate(compare(run(images, token_ids), reference, mask_band=band), tol, backend + how, case.name)
     return rows
 
