@@ -111,7 +111,8 @@ class Sam3Grounding(nn.Module):
         dtype, boxes = level2.dtype, boxes.float()  # coordinates stay fp32 (bf16 would move a box by 1/256)
         normalized = encoder.vision_layer_norm(level2.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         height, width = level2.shape[-2:]
-        corners = box_cxcywh_to_xyxy(boxes) * boxes.new_tensor([width, height, width, height])
+        x0, y0, x1, y1 = box_cxcywh_to_xyxy(boxes).unbind(-1)  # scaled by Python ints: a tensor of the sizes
+        corners = torch.stack([x0 * width, y0 * height, x1 * width, y1 * height], -1)  # would be a stored constant
         pooled = roi_align(normalized, corners, encoder.roi_size).flatten(0, 1)
         embedded = (encoder.boxes_direct_project(boxes.to(dtype))
                     + encoder.boxes_pool_project(pooled).view(batch, count, -1))
