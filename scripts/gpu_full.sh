@@ -34,6 +34,8 @@
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
 #          then (once every other part has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
 #          list, picks others), with the split models' table, then parity with Meta's SAM3 under bf16 autocast
+#   exemplars: the bf16 split package from nothing, verify with the exemplar-box cases, the bench's AOTI + CUDA
+#          graphs column at 1 x 1, 2 x 3, 1 x 16 (the box rows), parity with Meta's SAM3 (box cases included)
 #   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; LEVERS_PARTS,
 #          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (LEVERS_SHAPES picks others)
 #          without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's (or LEVERS_ON's)
@@ -210,6 +212,17 @@ split_part() {  # the bf16 package with the split models ([export] split), from 
     timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
 }
 
+exemplars_part() {  # the bf16 split package from nothing, its verify with the exemplar-box cases of cases.toml, then
+    # the bench's AOTI + CUDA graphs column at 1 x 1, 2 x 3 and 1 x 16 (the box rows beside the text-only ones; no
+    # model parts) and parity with Meta's SAM3 under bf16 autocast, the box cases included
+    cd "$WORK/exemplars" && configure split '["tiny", "sam3"]' columns '["aoti_graphs"]' load_times false \
+        model_parts '"off"'
+    sed -i 's/^shapes = \[\[1, 1\], \[2, 3\], \[4, 4\], \[16, 1\], \[1, 16\]\]/shapes = [[1, 1], [2, 3], [1, 16]]/' pipeline.toml
+    timed exemplars-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine || return 1
+    step exemplars-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
+    step exemplars-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine
+}
+
 levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
     local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/part_times.py
         --profile sam3 --precision bf16 --device cuda --shapes "${LEVERS_SHAPES:-1x1,1x16}" --kernels 8)
@@ -286,7 +299,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split exemplars heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -310,6 +323,7 @@ run_all() {
     [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
     [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
     [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
+    [[ $parts == *" exemplars "* ]] && { exemplars_part & pids+=($!); }
     wait "${pids[@]}"
     if [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status"; then
         (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine)
@@ -374,5 +388,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = "artifacts/tiny-fp32-cpu"  # the tiny profile's variant folder on the CPU, relative to a repo
-TINY_MODELS = ("model", "transforms", "encode_image", "encode_text", "decode")  # the tiny profile is split
+TINY_MODELS = ("model", "transforms", "encode_image", "encode_text", "encode_boxes", "decode")  # the tiny profile is split
 
 
 def copy_repo(dest: Path) -> Path:

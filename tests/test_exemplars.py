@@ -44,7 +44,10 @@ def test_boxes_through_the_wrapper_are_transformers_forward_with_input_boxes(wra
 
     monkeypatch.setattr(sam3, "torchvision", types.SimpleNamespace(ops=types.SimpleNamespace(
         roi_align=torchvision_roi_align)), raising=False)
-    plain = copy.deepcopy(tiny_model).eval()
+    from sam3_aoti.model.checkpoints import build_model
+    from sam3_aoti.pipeline.settings import load_settings
+
+    plain = build_model(load_settings(device="cpu")).eval()  # as transformers made it (tests wrap tiny_model in place)
     images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=3)
     for ids in (token_ids[:1], token_ids[1:]):
         with torch.no_grad():

@@ -166,7 +166,8 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
         assert list(r["backends"]) == columns and r["order"] == columns[i % 3:] + columns[:i % 3]  # rotated
         parts = r["parts"]  # the tiny package is split: its parts timed alone, with their FLOPs
         assert list(parts) == ["encode_image", "encode_text", "decode", "a new prompt against encoded images",
-                               "these prompts against encoded images"]
+                               "these prompts against encoded images", "the whole call with 4 exemplar boxes",
+                               "a new set of 4 boxes against encoded images and prompts"]
         assert all(v["median_ms"] > 0 for v in parts.values())
         assert parts["encode_image"]["flop"] + parts["encode_text"]["flop"] + parts["decode"]["flop"] == r["flop"]
         assert min(parts[n]["flop"] for n in ("encode_image", "encode_text", "decode")) > 0

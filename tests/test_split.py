@@ -1,4 +1,4 @@
-"""Encode once, decode many: the model in three parts (`[export] split`), equal to the whole, weights stored once."""
+"""Encode once, decode many: the model in parts (`[export] split`), equal to the whole, weights stored once."""
 
 import json
 import zipfile
@@ -8,8 +8,8 @@ import torch
 
 from sam3_aoti.errors import InputError, PackageError
 from sam3_aoti.model.configs import example_inputs
-from sam3_aoti.model.grounding import PARTS, Part, Sam3Grounding
-from sam3_aoti.runtime.archive import PART_NAMES
+from sam3_aoti.model.grounding import DECODE_IMAGE_INPUTS, PARTS, Part, Sam3Grounding
+from sam3_aoti.runtime.archive import PART_NAMES, SHARED_WEIGHT_PARTS
 from sam3_aoti.runtime.loader import load_package
 
 from helpers import TINY, rewrite_package
@@ -29,13 +29,14 @@ def test_the_whole_model_is_decode_of_the_two_encoders(tiny_model):
     images, token_ids = example_inputs(tiny_model.config, 2, 3)
     with torch.no_grad():
         whole = wrapper(images, token_ids)
-        parts = wrapper.decode(*wrapper.encode_image(images), *wrapper.encode_text(token_ids))
+        parts = wrapper.decode(*wrapper.encode_image(images)[:DECODE_IMAGE_INPUTS], *wrapper.encode_text(token_ids))
     assert all(torch.equal(a, b) for a, b in zip(whole, parts, strict=True))
 
 
 def test_the_parts_hold_the_models_tensors_once_under_their_names(tiny_model):
     """Each part's tensors are the model's own (same objects, same names); together they are all of them, and
-    only the DETR encoder's first layer is in two parts (encode_image runs its self-attention, decode the rest)."""
+    only the DETR encoder's first layer (encode_image runs its self-attention, decode the rest) and the geometry
+    encoder (encode_image runs it on no box, encode_boxes on boxes) are in two parts."""
     wrapper = Sam3Grounding(tiny_model).eval()
     everything = dict(wrapper.named_parameters()) | dict(wrapper.named_buffers())
     seen = []
@@ -46,7 +47,7 @@ def test_the_parts_hold_the_models_tensors_once_under_their_names(tiny_model):
         seen += list(tensors)
     twice = {k for k in seen if seen.count(k) > 1}
     assert set(seen) == set(everything) and tuple(PARTS) == PART_NAMES
-    assert twice and all(k.startswith("model.detr_encoder.layers.0.") for k in twice)
+    assert twice and all(k.startswith(("model.detr_encoder.layers.0.", "model.geometry_encoder.")) for k in twice)
 
 
 def test_a_split_package_decodes_what_model_gives(package):
@@ -82,13 +83,13 @@ def test_prompts_in_chunks_and_kept_class_features_give_models_outputs(package):
 def test_split_inputs_that_do_not_fit_are_one_line_errors(package):
     images, token_ids = tiny_inputs(package, 2, 3)
     features, text = package.encode_image(images), package.encode_text(token_ids)
-    with pytest.raises(InputError, match="decode takes 7 tensors, got 6"):
+    with pytest.raises(InputError, match="decode takes 8 tensors, got 6"):
         package.decode(features[:4], text)
-    with pytest.raises(InputError, match="input 5 must be float32"):
+    with pytest.raises(InputError, match="input 6 must be float32"):
         package.decode(features, (text[0].double(), text[1]))
     other = package.encode_image(images[:1])
     with pytest.raises(InputError, match="has batch 1, an earlier one 2"):
-        package.decode((*features[:4], other[4]), text)
+        package.decode((*features[:4], *other[4:]), text)
     with pytest.raises(InputError, match="images must be float32"):
         package.encode_image(images.double())
     with pytest.raises(InputError, match="token_ids must be int64"):
@@ -99,11 +100,12 @@ def test_the_weights_are_stored_once_and_read_by_the_parts_in_place(package_path
     with zipfile.ZipFile(package_path) as archive:
         blobs = [i.filename.split("/")[3] for i in archive.infolist() if i.filename.endswith("_weights.blob")]  # by model
         metadata = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("extra/metadata.json"))))
-    assert blobs == ["model"]
-    assert all(metadata["models"][n]["weights_from"] == "model" for n in PART_NAMES)
+    assert sorted(blobs) == ["encode_boxes", "model"]  # the box encoder's layers: no other model reads them
+    assert all(metadata["models"][n]["weights_from"] == "model" for n in SHARED_WEIGHT_PARTS)
+    assert "weights_from" not in metadata["models"]["encode_boxes"]
     runner = lambda name: package.runners[name].runner.runner  # CheckedPart -> AotiRunner -> torch's runner
     model = {k: v.data_ptr() for k, v in runner("model").extract_constants_map(False).items()}
-    for name in PART_NAMES:
+    for name in SHARED_WEIGHT_PARTS:
         constants = runner(name).extract_constants_map(False)
         assert constants and all(model[k] == v.data_ptr() for k, v in constants.items())
 
@@ -119,8 +121,9 @@ def test_the_fallback_stores_each_tensor_once(package_path, package):
         entries = {name: tensor_entries(archive, name) for name in ("model", *PART_NAMES)}
         files = [i for i in archive.infolist() if i.filename.split("/", 1)[1].startswith(TENSOR_FILES)]
         contents = [archive.read(i) for i in files]
-    for name in PART_NAMES:
-        assert entries[name] and all(entries["model"][fqn] == entry for fqn, entry in entries[name].items())
+    for name in PART_NAMES:  # a tensor model holds too is model's file (encode_boxes has some of its own)
+        assert entries[name] and all(entries["model"].get(fqn, entry) == entry for fqn, entry in entries[name].items())
+        assert name == "encode_boxes" or set(entries[name]) <= set(entries["model"])
     assert len(set(contents)) == len(contents)
     assert {e for table in entries.values() for e in table.values()} == {i.filename for i in files}
 
@@ -140,7 +143,7 @@ def test_a_package_with_some_parts_only_is_refused(package_path, tmp_path):
         return None if "/data/aotinductor/decode/" in name else data
 
     broken = rewrite_package(package_path, tmp_path / "sam3.pt2", drop_decode)
-    with pytest.raises(PackageError, match="all or none of encode_image, encode_text, decode"):
+    with pytest.raises(PackageError, match="all or none of encode_image, encode_text, encode_boxes, decode"):
         from sam3_aoti.runtime.loader import load_aoti_runners
 
         load_aoti_runners(broken)
@@ -149,7 +152,7 @@ def test_a_package_with_some_parts_only_is_refused(package_path, tmp_path):
 def test_a_package_without_parts_says_how_to_get_them(package, monkeypatch):
     whole_only = type(package)({k: v for k, v in package.runners.items() if k not in PART_NAMES},
                                package.backends, package.metadata, package.merges_text, package.path)
-    with pytest.raises(InputError, match=r"has no encode_image: add its profile \(tiny\) to `\[export\] split`"):
+    with pytest.raises(InputError, match=r"has no encode_image .*add its profile \(tiny\) to `\[export\] split`"):
         whole_only.encode_image(torch.zeros(1, 3, 2, 2))
 
 

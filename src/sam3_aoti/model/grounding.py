@@ -184,8 +184,8 @@ class Sam3Grounding(nn.Module):
 PARTS = {
     "encode_image": ("vision_encoder", "geometry_encoder", "detr_encoder.layers.0"),
     "encode_text": ("text_encoder", "text_projection"),
-    "decode": ("detr_encoder", "detr_decoder", "mask_decoder", "dot_product_scoring"),
     "encode_boxes": ("geometry_encoder",),
+    "decode": ("detr_encoder", "detr_decoder", "mask_decoder", "dot_product_scoring"),
 }
 
 

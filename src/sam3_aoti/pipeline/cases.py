@@ -155,18 +155,18 @@ def check_cases(path: Path) -> None:
 
 
 def _check_boxes(path: Path, where: str, entry: dict, image: str) -> None:
-    """The case's boxes fit its image (runtime.exemplars' checks, as `predict` makes them)."""
+    """The case's boxes fit its image (`runtime.exemplars.check_corners`, as `predict` checks them), without
+    torch: doit checks the cases when it loads."""
     from ..errors import InputError
-    from ..runtime.contract import NEGATIVE, POSITIVE
+    from ..runtime.exemplars import check_corners
 
-    case = Case("check", image if image.startswith("skimage:") else str((Path(path).parent / image).resolve()), (),
-                tuple(tuple(b) for b in entry.get("boxes", []) + entry.get("negative_boxes", [])),
-                (POSITIVE,) * len(entry.get("boxes", [])) + (NEGATIVE,) * len(entry.get("negative_boxes", [])))
+    case = Case("check", image if image.startswith("skimage:") else str((Path(path).parent / image).resolve()), ())
     try:
         picture = case.load_image()
     except ConfigError:
         return  # the image's own check says why
     try:
-        case.exemplars(picture.shape[1], picture.shape[0])
+        check_corners([tuple(b) for b in entry.get("boxes", []) + entry.get("negative_boxes", [])],
+                      picture.shape[1], picture.shape[0])
     except InputError as e:
         raise ConfigError(f"{path} {where}: {e}") from None

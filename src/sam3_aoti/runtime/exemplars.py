@@ -20,11 +20,9 @@ def parse_box(text: str) -> tuple[float, float, float, float]:
     return values
 
 
-def normalized_boxes(corners: list, labels: list[int], width: int, height: int):
-    """Pixel corners `[(x0, y0, x1, y1), ...]` of one image with their labels -> `boxes [1, K, 4]` (normalized cx,
-    cy, w, h) and `labels [1, K]`, after checking each box fits the image (one line naming the box and the fix)."""
-    import torch
-
+def check_corners(corners: list, width: int, height: int) -> None:
+    """Pixel corners `[(x0, y0, x1, y1), ...]` of one image fit it, with one line naming a box that does not and
+    the fix (torch-free: doit checks cases.toml with it at load)."""
     if not corners:
         raise InputError("no exemplar box given: pass at least one, or a phrase alone")
     if len(corners) > MAX_BOXES:
@@ -39,6 +37,14 @@ def normalized_boxes(corners: list, labels: list[int], width: int, height: int):
         if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
             raise InputError(f"{name} is outside the {width} x {height} image: give corners within 0..{width} "
                              f"and 0..{height}")
+
+
+def normalized_boxes(corners: list, labels: list[int], width: int, height: int):
+    """Pixel corners `[(x0, y0, x1, y1), ...]` of one image with their labels -> `boxes [1, K, 4]` (normalized cx,
+    cy, w, h) and `labels [1, K]`, after checking each box fits the image (`check_corners`)."""
+    import torch
+
+    check_corners(corners, width, height)
     box = torch.tensor(corners, dtype=torch.float64)
     size = torch.tensor([width, height, width, height], dtype=torch.float64)
     x0, y0, x1, y1 = (box / size).unbind(-1)
