@@ -24,7 +24,7 @@ SOURCES = ROOT / "src"
 PACKAGE = "sam3_aoti"
 sys.path.insert(0, str(SOURCES))  # the checkout's library, even beside another installed copy
 
-from sam3_aoti.errors import Sam3AotiError  # noqa: E402
+from sam3_aoti.errors import ConfigError, Sam3AotiError  # noqa: E402
 from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
@@ -49,11 +49,25 @@ def _settings():
     try:
         check_variables(doit_cmd._CMDLINE_VARS or {}, VARIABLES)
         settings = load_settings(**{name: get_var(name) for name in SETTING_VARIABLES})
+        check_ref(get_var("ref"), get_var("cache") or settings.stage("cache").get("url"))
         check_cases(DEFAULT_CASES)
         return settings
     except Sam3AotiError as e:
         print(f"sam3-aoti: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+
+
+def check_ref(ref: str | None, cache_url: str | None) -> None:
+    """`ref=NAME` is refused when doit loads, before anything is built or pushed: a name a store path cannot
+    hold, or no cache to publish it to."""
+    if ref is None:
+        return
+    from sam3_aoti.runtime.binary_cache import check_ref_name
+
+    check_ref_name(ref)
+    if cache_url in (None, "", "none", "off"):
+        raise ConfigError(f"ref={ref} names a package published to a binary cache, and no cache is set: add "
+                          "cache=URL (or [cache] url in pipeline.toml)")
 
 
 SETTINGS = _settings()

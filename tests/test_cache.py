@@ -75,6 +75,7 @@ def test_a_key_file_made_by_nix_is_read(tmp_path):
     key = SecretKey.generate("cache.example.org")
     for text in (key.text(), f"{key.name}:{base64.b64encode(key.seed).decode()}"):
         (tmp_path / "k").write_text(text + "\n")
+        (tmp_path / "k").chmod(0o600)
         assert SecretKey.read(tmp_path / "k").public == key.public
 
 
@@ -86,6 +87,26 @@ def test_bad_keys_are_one_line_naming_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("SAM3_AOTI_TRUSTED_KEYS", "garbage")
     with pytest.raises(ConfigError, match="not NAME:BASE64"):
         trusted_keys()
+
+
+def test_a_signing_key_others_can_read_is_refused_and_one_name_is_one_key(tmp_path, monkeypatch):
+    """As ssh refuses a private key others may read; two trusted keys of one name are an error naming both,
+    not a silent choice that then refuses the genuine builder's records."""
+    key = SecretKey.generate("builder-a")
+    (tmp_path / "k").write_text(key.text())
+    for mode in (0o644, 0o640, 0o604):
+        (tmp_path / "k").chmod(mode)
+        with pytest.raises(ConfigError, match=f"readable by others \\(mode {mode:o}\\).*chmod 600"):
+            SecretKey.read(tmp_path / "k")
+    (tmp_path / "k").chmod(0o600)
+    assert SecretKey.read(tmp_path / "k").public == key.public
+    impostor = SecretKey.generate("builder-a").public
+    monkeypatch.setenv("SAM3_AOTI_TRUSTED_KEYS", str(impostor))
+    with pytest.raises(ConfigError, match="two trusted keys are named builder-a") as found:
+        trusted_keys([str(key.public)])
+    assert str(key.public) in str(found.value) and str(impostor) in str(found.value)
+    monkeypatch.delenv("SAM3_AOTI_TRUSTED_KEYS")
+    assert trusted_keys([str(key.public), str(key.public)]) == {"builder-a": key.public}  # the same key twice: fine
 
 
 def test_an_entry_round_trips_and_names_what_it_answers_for(cache_url, tmp_path):
@@ -104,6 +125,25 @@ def test_an_entry_round_trips_and_names_what_it_answers_for(cache_url, tmp_path)
     put(url, entry_path("package", "k3"), get(url, entry_path("package", "k1")))
     with pytest.raises(Refused, match="signed for key 'k1', not 'k3'"):
         Cache(url, trusted).entry("package", "k3")
+
+
+def test_a_blob_damaged_in_place_is_replaced_by_the_next_push_and_a_failed_write_leaves_nothing(tmp_path):
+    """A folder store: the next push compares the blob's content, not its size, and puts a damaged one right; a
+    write that fails midway leaves no .tmp beside the blobs."""
+    from sam3_aoti.runtime.binary_cache import blob_path
+    from sam3_aoti.runtime.store import StoreError
+
+    url, key = str(tmp_path / "store"), SecretKey.generate("builder-a")
+    files = outputs(tmp_path, package__a=b"A" * 1000)
+    Cache(url, {}, key).push_entry("package", "k1", files, {})
+    blob = tmp_path / "store" / blob_path(hashlib.sha256(b"A" * 1000).hexdigest())
+    blob.write_bytes(b"X" * 1000)  # same size, other bytes
+    Cache(url, {}, key).push_entry("package", "k1", files, {})
+    assert blob.read_bytes() == b"A" * 1000
+    store = Store(url)
+    with pytest.raises(StoreError, match="cannot upload"):
+        store._put("blobs/x", "upload", lambda path: (Path(path).write_bytes(b"half"), 1 / 0))
+    assert not [p for p in (tmp_path / "store").rglob("*.tmp")]
 
 
 @pytest.mark.parametrize("how, why", [
@@ -207,6 +247,7 @@ def test_two_builders_pushing_one_key_at_once_leave_a_whole_valid_entry(cache_ur
     url = cache_url
     key = SecretKey.generate("builder-a")
     (tmp_path / "k").write_text(key.text())
+    (tmp_path / "k").chmod(0o600)
     source = tmp_path / "files"
     source.mkdir()
     for i in range(20):
@@ -247,6 +288,24 @@ def test_pull_takes_only_a_verified_ref_a_trusted_key_signed(cache_url, tmp_path
     with pytest.raises(Refused, match="not a trusted key"):
         pull(url, "tiny-fp32-cpu@cpu-x86_64", tmp_path / "other", {"x": SecretKey.generate("x").public})
     assert not (tmp_path / "other").exists() or leftovers(tmp_path / "other") == []
+
+
+@pytest.mark.parametrize("ref, dest, words", [
+    ("ok-ref", "a-file", "is a file: pull into a folder"),
+    ("ok-ref", "/proc/sam3-aoti-pull", "cannot make /proc/sam3-aoti-pull"),
+    ("a/b", "dest", "ref 'a/b': use up to 128 letters"),
+    ("x..y", "dest", "no slash, space or `..`"),
+    ("has space", "dest", "ref 'has space'"),
+    ("r" * 300, "dest", "(300 characters)"),
+])
+def test_pull_refuses_a_bad_destination_or_ref_name_before_reading_the_cache(tmp_path, ref, dest, words):
+    """Exit 2, one line, before the cache is opened (this one does not exist), and a user's files stay."""
+    (tmp_path / "a-file").write_text("mine")
+    proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "pull", str(tmp_path / "no-cache"), ref, dest],
+                          cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")})
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and (tmp_path / "a-file").read_text() == "mine"
 
 
 def test_the_cli_makes_keys_and_pulls_with_one_line_errors(tmp_path):

@@ -91,6 +91,15 @@ def test_config_a_folder_is_one_line(tmp_path):
     one_line_error(run_doit(copy_repo(tmp_path), "list", f"config={tmp_path}", check=False), "is a folder, not a file")
 
 
+@pytest.mark.parametrize("args, words", [
+    (["ref=a/b", "cache=/tmp/x"], "ref 'a/b': use up to 128 letters"),
+    (["ref=" + "r" * 300, "cache=/tmp/x"], "(300 characters)"),
+    (["ref=release-1"], "ref=release-1 names a package published to a binary cache, and no cache is set"),
+])
+def test_a_bad_ref_is_refused_when_doit_loads(tmp_path, args, words):
+    one_line_error(run_doit(copy_repo(tmp_path), "list", *args, check=False), words)
+
+
 def test_a_misspelt_variable_is_refused(tmp_path):
     proc = run_doit(copy_repo(tmp_path), "list", "profiel=sam3", check=False)
     one_line_error(proc, "unknown variable profiel=sam3 (did you mean profile?): use profile, device, precision")

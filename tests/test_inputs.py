@@ -81,6 +81,17 @@ def test_predict_checks_outputs_before_loading_anything(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_predict_into_an_existing_folder_writes_inside_it(package_path, tmp_path):
+    """`--output FOLDER` puts FOLDER/<image stem>_sam3.png and .json inside the folder, nothing beside it."""
+    Image.new("RGB", (30, 20)).save(tmp_path / "roof.png")
+    (tmp_path / "results").mkdir()
+    proc = predict(str(package_path), "--image", "roof.png", "--prompt", "a roof", "--output", "results",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["roof_sam3.json", "roof_sam3.png"]
+    assert not (tmp_path / "results.png").exists() and not (tmp_path / "results.json").exists()
+
+
 def test_predict_on_a_damaged_package_is_one_line(package_path, tmp_path):
     Image.new("RGB", (30, 20)).save(tmp_path / "roof.png")
     (tmp_path / "truncated.pt2").write_bytes(package_path.read_bytes()[:100_000])

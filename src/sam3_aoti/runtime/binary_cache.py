@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path, PurePosixPath
 
-from ..errors import Sam3AotiError
+from ..errors import InputError, Sam3AotiError
 from .files import human_size, sha256
 from .signing import KEY_NAME, SecretKey, PublicKey, TrustError, signer
 from .store import Store, StoreError
@@ -51,10 +51,20 @@ def entry_path(stage: str, key: str) -> str:
     return f"entries/{stage}/{key}.json"
 
 
+MAX_REF_NAME = 128
+
+
+def check_ref_name(name: str) -> str:
+    """A ref's name as a store path allows it: letters, digits and . _ @ + -, no `..`, at most MAX_REF_NAME."""
+    if not isinstance(name, str) or not KEY_NAME.match(name) or ".." in name or len(name) > MAX_REF_NAME:
+        shown = name if len(str(name)) <= 40 else f"{str(name)[:40]}... ({len(name)} characters)"
+        raise InputError(f"ref {shown!r}: use up to {MAX_REF_NAME} letters, digits and . _ @ + - (no slash, space or "
+                         "`..`), e.g. sam3-bf16-cuda@NVIDIA-H200")
+    return name
+
+
 def ref_path(name: str) -> str:
-    if not KEY_NAME.match(name) or ".." in name:
-        raise Sam3AotiError(f"ref {name!r}: use letters, digits and . _ @ + - (e.g. sam3-bf16-cuda@NVIDIA-H200)")
-    return f"refs/{name}.json"
+    return f"refs/{check_ref_name(name)}.json"
 
 
 def builder() -> dict:
@@ -145,7 +155,7 @@ class Cache:
             outputs[rel] = {"sha256": digest, "bytes": size}
             if path.stat().st_mode & 0o111:
                 outputs[rel]["executable"] = True  # a compiled .so comes back as it was built
-            if self.store.size(blob_path(digest)) != size:
+            if not self.store.holds(blob_path(digest), digest, size):
                 if progress and (size > 1 << 28 or time.monotonic() - last > 5):
                     progress(f"uploading {rel} ({size / 2**20:.0f} MB)")
                     last = time.monotonic()
@@ -186,9 +196,25 @@ def _every(seconds: float, name: str, progress):
     return report
 
 
+def check_destination(dest: Path) -> None:
+    """`pull`'s DEST is a folder it can write (made if missing), checked before anything is fetched."""
+    import os
+
+    if dest.exists() and not dest.is_dir():
+        raise InputError(f"{dest} is a file: pull into a folder (it is made if missing)")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot make {dest} ({e.strerror or e}): pull into a folder you can write") from None
+    if not os.access(dest, os.W_OK | os.X_OK):
+        raise InputError(f"{dest} is not writable: pull into a folder you can write")
+
+
 def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None) -> dict:
     """`sam3-aoti pull`: the package a signed ref names, its digest file and its verify report into `dest`,
     each checked against the ref; `dest/origin.json` says where they came from and who signed them."""
+    check_ref_name(name)
+    check_destination(Path(dest))
     cache = Cache(url, trusted)
     found = cache.ref(name)
     if found is None:

@@ -196,7 +196,8 @@ def run_command(argv: list[str] | None) -> None:
     run.add_argument("--boxes-on", type=Path, metavar="IMAGE",
                      help="the boxes are drawn on this image, searched for in --image (one exemplar, many tiles)")
     run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
-    run.add_argument("--output", type=Path, help="output path without suffix (default: <image stem>_sam3)")
+    run.add_argument("--output", type=Path, help="output path without suffix, or a folder to write <image stem>_sam3.* "
+                                                 "into (default: <image stem>_sam3)")
     run.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package (instead of "
                                       "the .sha256 file beside it)")
     run.add_argument("--trust", action="store_true",
@@ -236,6 +237,8 @@ def run_command(argv: list[str] | None) -> None:
     boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
     labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
     output = args.output or Path(f"{args.image.stem}_sam3")
+    if output.is_dir():  # a folder: the files go inside it, named after the image
+        output = output / f"{args.image.stem}_sam3"
     result = predict(args.package, args.image, args.prompt, args.threshold, output, args.trust, args.sha256, boxes,
                      labels, args.boxes_on)
     picture, record = outputs_of(output)

@@ -99,7 +99,7 @@ class Sam3Package:
         in its pairing: pair i = (image i // num_prompts, prompt i % num_prompts). With `exemplars`
         (`encode_boxes`), the images are searched with those boxes beside the prompts; exemplars of one image
         search every image of `features` (one exemplar set, many tiles: a use no reference model defines)."""
-        image, geometry = tuple(features[:4]), tuple(features[4:6])
+        image, geometry = tuple(features[:4]), tuple(features[4:6])  # contract.IMAGE_FEATURES: no fpn_level2
         if exemplars is not None:
             batch, geometry = image[0].shape[0], tuple(exemplars)
             if geometry[0].shape[0] == 1 and batch > 1:

@@ -60,11 +60,16 @@ class SecretKey:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "SecretKey":
+        """The key in `path`, refused as ssh refuses a private key others may read (group or world bits set)."""
         try:
+            mode = Path(path).stat().st_mode
             text = Path(path).read_text()
         except OSError as e:
             raise ConfigError(f"signing key {path} cannot be read ({e.strerror or e}): set {SIGNING_KEY_VARIABLE} "
                               "to a file `sam3-aoti cache keygen` wrote") from None
+        if mode & 0o077:
+            raise ConfigError(f"signing key {path} is readable by others (mode {mode & 0o777:o}): anyone who can read "
+                              f"it can sign for it; run chmod 600 {path}")
         name, raw = _split(text, f"signing key in {path}", (32, 64))
         return cls(name, raw[:32])
 
@@ -95,8 +100,13 @@ class SecretKey:
 def trusted_keys(configured: list[str] | tuple[str, ...] = ()) -> dict[str, PublicKey]:
     """The keys a substitution may be signed by: the configured ones plus $SAM3_AOTI_TRUSTED_KEYS."""
     texts = [*configured, *os.environ.get(TRUSTED_KEYS_VARIABLE, "").split()]
-    keys = [PublicKey.parse(t) for t in texts]
-    return {k.name: k for k in keys}
+    keys: dict[str, PublicKey] = {}
+    for key in (PublicKey.parse(t) for t in texts):
+        if keys.get(key.name, key) != key:  # one name, two keys: which one signs for it is no one's guess
+            raise ConfigError(f"two trusted keys are named {key.name}: {keys[key.name]} and {key}; keep the "
+                              f"builder's own in [cache] trusted_keys and ${TRUSTED_KEYS_VARIABLE}")
+        keys[key.name] = key
+    return keys
 
 
 def signer(signatures: list, message: bytes, trusted: dict[str, PublicKey]) -> str:

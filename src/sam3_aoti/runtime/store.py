@@ -95,9 +95,9 @@ class Store:
         """`put(path)` whole or not at all: into a folder through a temporary name renamed into place (two
         writers of one name: the last rename wins, each whole); to an object store straight, a PUT being whole."""
         self._check_writable()
+        tmp = self._path(f"{rel}.{uuid.uuid4().hex[:12]}.tmp") if self.local else None
         try:
-            if self.local:
-                tmp = self._path(f"{rel}.{uuid.uuid4().hex[:12]}.tmp")
+            if tmp:
                 os.makedirs(os.path.dirname(tmp), exist_ok=True)
                 put(tmp)
                 with open(tmp, "rb") as f:
@@ -107,6 +107,22 @@ class Store:
                 put(self._path(rel))
         except Exception as e:
             raise self._fail(what, rel, e) from None
+        finally:
+            if tmp and os.path.exists(tmp):  # a failed write (disk full, denied) leaves no debris
+                os.unlink(tmp)
+
+    def holds(self, rel: str, sha256: str, size: int) -> bool:
+        """Whether `rel` is there with this content: re-hashed in a folder store (a blob damaged in place is
+        then replaced by the next push); an object store's object by its size."""
+        if self.size(rel) != size:
+            return False
+        if not self.local:
+            return True
+        digest = hashlib.sha256()
+        with open(self._path(rel), "rb") as f:
+            while block := f.read(CHUNK):
+                digest.update(block)
+        return digest.hexdigest() == sha256
 
     def download(self, rel: str, dest: Path, sha256: str, size: int, progress=None) -> None:
         """`rel` into `dest` whole and checked, or not at all: streamed into a temporary file beside `dest`,

@@ -87,7 +87,8 @@ def run(settings: Settings) -> None:
             image = case.load_image()
             x = to_tensor(image, settings.device)
             token_ids = package.encode_prompts(list(case.prompts)).to(settings.device)
-            boxes = tuple(t.to(settings.device) for t in case.exemplars(image.shape[1], image.shape[0])) if case.boxes else ()
+            boxes = (tuple(t.to(settings.device) for t in case.exemplars(image.shape[1], image.shape[0]))
+                     if case.boxes else ())
             models = [("eager", cached_eager, transforms(x)), ("AOTI", package.model, package.transforms(x))]
             if boxes:  # through the parts, with the case's exemplar boxes
                 models = [("eager", lambda i, t: cache.get((i, t, *boxes), lambda *a: eager().with_boxes(*a)),
@@ -111,7 +112,8 @@ def run(settings: Settings) -> None:
             diff_heatmap(candidate[2][pair, query], reference[2][pair, query],
                          f"top mask |AOTI - eager| ({case.prompts[pair]})").save(tmp / heat)
             given = f", {len(case.boxes)} exemplar boxes (white +, black -)" if case.boxes else ""
-            lines.append(f"## {case.name}: {', '.join(case.prompts)}{given}\n\n![{case.name}]({name}) ![diff]({heat})\n")
+            lines.append(f"## {case.name}: {', '.join(case.prompts)}{given}\n\n"
+                         f"![{case.name}]({name}) ![diff]({heat})\n")
             log.info("rendered %s", name)
         score_scatter(points).save(tmp / "scores.png")
         lines.insert(4, "![scores](scores.png)\n")
