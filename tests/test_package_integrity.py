@@ -2,6 +2,7 @@
 fails or is killed leaves nothing behind."""
 
 import hashlib
+import re
 import os
 import shutil
 import subprocess
@@ -125,3 +126,28 @@ def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(pa
     assert proc.returncode == 0, proc.stderr
     assert list((cache / "tmp").iterdir()) == []  # swept (the owner is dead), and the new one removed at exit
     assert {p.name for p in Path("/tmp").iterdir()} - before == set()
+
+
+@pytest.mark.parametrize("metadata, words", [
+    (b"{nope", "its metadata.json is not JSON"),
+    (b"[1, 2]", "its metadata.json is an array, not an object"),
+    (b'{"models": [1]}', "field `models` is an array, not an object"),
+    (b'{"versions": "x"}', "field `versions` is a string, not an object"),
+    (b'{"device": 3}', "field `device` is a number, not a string"),
+    (b"[" * 100_000 + b"]" * 100_000, "its metadata.json is not JSON"),
+    (b" " * (64 << 20) + b"{}", "metadata.json inflates past 4 MiB"),
+])
+def test_info_reads_nothing_unbounded_and_names_a_bad_metadata_field(tmp_path, metadata, words):
+    """`info` reads an archive before any digest check: every entry within a limit (a 64 MiB metadata.json
+    deflates to a few kB), metadata.json checked for shape and types, one line naming the field."""
+    import zipfile
+
+    from sam3_aoti.runtime.info import archive_info
+
+    crafted = tmp_path / "sam3.pt2"
+    with zipfile.ZipFile(crafted, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("sam3/archive_format", b"pt2")
+        archive.writestr("sam3/extra/metadata.json", metadata)
+    assert crafted.stat().st_size < 1 << 20
+    with pytest.raises(PackageError, match=re.escape(words)):
+        archive_info(crafted, trust=True)

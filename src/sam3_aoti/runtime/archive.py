@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
+import zlib
 from pathlib import Path
 
 from ..errors import PackageError
@@ -11,23 +13,65 @@ METADATA_FILE = "metadata.json"
 VOCAB_FILE = "tokenizer/bpe_simple_vocab_16e6.txt"
 MODEL_NAMES = ("model", "transforms")  # in every package
 # With `[export] split`, beside them: model = decode(*encode_image(images), *encode_text(token_ids)). They read
-# `model`'s weights (the package stores them once) and are loaded all three or none.
+# `model`'s weights (the package stores them once; encode_boxes some of its own) and are loaded all or none.
 PART_NAMES = ("encode_image", "encode_text", "encode_boxes", "decode")
 # The parts that read model's weights in place (no blob of their own). encode_boxes has its own: the box
 # encoder's layers are weights `model`, which never sees a box, does not hold.
 SHARED_WEIGHT_PARTS = ("encode_image", "encode_text", "decode")
 
 
+# The most any entry read before (or without) the digest check may inflate to: a package's are far smaller.
+READ_LIMITS = {METADATA_FILE: 4 << 20, VOCAB_FILE: 16 << 20, "wrapper_metadata.json": 1 << 20}
+# metadata.json's fields a reader uses, and the JSON type each must have
+METADATA_TYPES = {"format": str, "profile": str, "precision": str, "device": str, "weights": str, "models": dict,
+                  "versions": dict, "tokenizer": dict, "parts_sha256": dict, "inductor_options": dict,
+                  "fp32_parts": list, "fp8_parts": list}
+
+
+def read_bounded(archive, name: str, limit: int) -> bytes:
+    """An entry's bytes, read only up to `limit` (the sizes a zip declares can lie: the stream is what counts)."""
+    with archive.open(name) as entry:
+        data = entry.read(limit + 1)
+    if len(data) > limit:
+        raise PackageError(f"{archive.filename}: {name} inflates past {limit >> 20} MiB, more than any package's: "
+                           "not a sam3-aoti package")
+    return data
+
+
+def parse_metadata(text: str | bytes, path: Path) -> dict:
+    """metadata.json as a dict of the fields' types (METADATA_TYPES), or one line naming what is wrong."""
+    try:
+        metadata = json.loads(text)
+    except (ValueError, RecursionError):
+        raise PackageError(f"{path}: its {METADATA_FILE} is not JSON: rebuild it with `uv run doit package`") from None
+    if not isinstance(metadata, dict):
+        raise PackageError(f"{path}: its {METADATA_FILE} is {_json_type(metadata)}, not an object: rebuild it")
+    for field, kind in METADATA_TYPES.items():
+        if field in metadata and not isinstance(metadata[field], kind):
+            raise PackageError(f"{path}: {METADATA_FILE} field `{field}` is {_json_type(metadata[field])}, not "
+                               f"{_json_type(kind())}: rebuild it with `uv run doit package`")
+    for name, model in metadata.get("models", {}).items():
+        if not isinstance(model, dict):
+            raise PackageError(f"{path}: {METADATA_FILE} field `models.{name}` is not an object: rebuild it")
+    return metadata
+
+
+def _json_type(value) -> str:
+    kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
+
+
 def read_extra_files(path: Path) -> dict:
-    """The archive's metadata and vocabulary, by name (a one-line error for anything that is no package)."""
+    """The archive's metadata and vocabulary, by name, each read within its limit (a one-line error for anything
+    that is no package)."""
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive_entries(archive)
             if f"extra/{METADATA_FILE}" not in entries:
                 raise KeyError(METADATA_FILE)
-            return {name: archive.read(entries[f"extra/{name}"]).decode() for name in (METADATA_FILE, VOCAB_FILE)
-                    if f"extra/{name}" in entries}
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError):
+            return {name: read_bounded(archive, entries[f"extra/{name}"], READ_LIMITS[name]).decode()
+                    for name in (METADATA_FILE, VOCAB_FILE) if f"extra/{name}" in entries}
+    except (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError, zlib.error):
         raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
 
 

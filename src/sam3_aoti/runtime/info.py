@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import METADATA_FILE, archive_entries, fallback_of
+from .archive import METADATA_FILE, READ_LIMITS, archive_entries, fallback_of, parse_metadata, read_bounded
 from .files import human_size
 from .integrity import check_entries, check_package
 
@@ -22,9 +23,10 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
     try:
         with zipfile.ZipFile(path) as archive:
             entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
-            if archive.read(entries["archive_format"]) != b"pt2":
+            if read_bounded(archive, entries["archive_format"].filename, 16) != b"pt2":
                 raise KeyError("archive_format")
-            metadata = json.loads(archive.read(entries[f"extra/{METADATA_FILE}"]))
+            metadata = parse_metadata(read_bounded(archive, entries[f"extra/{METADATA_FILE}"].filename,
+                                                   READ_LIMITS[METADATA_FILE]), path)
             aoti = {}
             for name, item in entries.items():
                 if name.startswith("data/aotinductor/"):
@@ -32,10 +34,11 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
                     part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
                     part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
                     if file.endswith(".wrapper_metadata.json"):
-                        built = json.loads(archive.read(item))
+                        built = json.loads(read_bounded(archive, item.filename, READ_LIMITS["wrapper_metadata.json"]))
+                        built = built if isinstance(built, dict) else {}
                         part.update(device=built.get("AOTI_DEVICE_KEY"),
                                     compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, RecursionError, zlib.error) as e:
         reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
         raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
     integrity = check_package(path, trust=trust, digest=sha256)

@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
 from .archive import (METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, archive_entries,
-                      fallback_of, read_extra_files)
+                      READ_LIMITS, fallback_of, parse_metadata, read_bounded, read_extra_files)
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import check_package
 
@@ -304,7 +304,7 @@ class CheckedTransforms:
 def built_for(path: Path) -> dict[str, dict]:
     """Each AOTI model's build metadata (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), from the archive."""
     with zipfile.ZipFile(path) as archive:
-        return {inner.split("/")[2]: json.loads(archive.read(entry))
+        return {inner.split("/")[2]: json.loads(read_bounded(archive, entry, READ_LIMITS["wrapper_metadata.json"]))
                 for inner, entry in archive_entries(archive).items()
                 if inner.startswith("data/aotinductor/") and inner.endswith(".wrapper_metadata.json")}
 
@@ -380,7 +380,7 @@ def load_exported(path: Path, trust: bool = False) -> dict:
 
 
 def _built_for(path: Path) -> str:
-    metadata = json.loads(read_extra_files(path).get(METADATA_FILE, "{}"))
+    metadata = parse_metadata(read_extra_files(path).get(METADATA_FILE, "{}"), path)
     return f"{metadata.get('device', '?')}, {metadata.get('versions', {}).get('gpu') or 'any GPU'}"
 
 
@@ -403,7 +403,7 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     fallback_reason, aoti, exported = None, {}, {}
     check_package(path, trust=trust, digest=sha256)
     extra = read_extra_files(path)
-    metadata = json.loads(extra.get(METADATA_FILE, "{}"))
+    metadata = parse_metadata(extra.get(METADATA_FILE, "{}"), path)
     graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
     if prefer_aoti:
         try:
