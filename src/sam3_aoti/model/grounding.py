@@ -5,7 +5,7 @@ pred_masks [N,Q,M,M], presence_logit_dec [N,1]) with N = B*P and pair i = (image
 the conventions of Meta's SAM3 code. The vision encoder (and the DETR encoder's first self-attention, which
 sees no prompt) runs once per image and the text encoder once per prompt; only the rest of the DETR and the
 mask heads see all N pairs. Those are the wrapper's three steps, `encode_image`, `encode_text` and `decode`,
-which `Part` exports alone for encode once / decode many. The model is made exportable by `export_fixes`, given
+which `Part` exports alone for encode once / decode many, beside `encode_boxes` for exemplar boxes. The model is made exportable by `export_fixes`, given
 its precision by `mixed_precision` and made fast by `optimizations`, in that order.
 """
 
@@ -168,7 +168,7 @@ class Sam3Grounding(nn.Module):
         Meta's SAM3 always appends this token to the text prompt (text-only grounding encodes an empty
         geometric prompt); transformers' Sam3Model skips the geometry encoder when no boxes are given,
         which moves every head's output (logits by ~1e-2 on random weights). This is the encoder's own
-        no-box path (the box pooling, which needs torchvision, has nothing to pool)."""
+        no-box path (no box to pool: `encode_boxes` is the path with boxes)."""
         encoder = self.model.geometry_encoder
         feats, pos = vision.fpn_hidden_states[-2], vision.fpn_position_encoding[-2]  # the level it attends to
         cls = encoder.cls_embed.weight.view(1, 1, -1).expand(feats.shape[0], 1, -1)

@@ -345,7 +345,7 @@ def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
 
 
 def models_in(path: Path, names) -> tuple[str, ...]:
-    """The package's models: `model` and `transforms`, and the three parts of the split or none of them."""
+    """The package's models: `model` and `transforms`, and the parts of the split, all or none."""
     parts = [n for n in PART_NAMES if n in names]
     if parts and len(parts) != len(PART_NAMES) or not set(MODEL_NAMES) <= set(names):
         raise PackageError(f"{path} holds the models {sorted(names)}; a package holds {', '.join(MODEL_NAMES)} "
