@@ -98,6 +98,6 @@ def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, t
         geometry, = parts["geometry encoder"].run()
         assert torch.equal(decoded[0], inside["detr_decoder"][0])  # ModelOutputs: their first tensor
         assert torch.equal(masks[0], inside["mask_decoder"][0])
-        assert torch.equal(geometry, wrapper.encode_image(images)[-1])
+        assert torch.equal(geometry, wrapper.encode_image(images)[4])  # the no-box geometry prompt
         compiled = parts["scoring"].compiled(torch.compile, {})
         assert torch.allclose(compiled.run()[0], parts["scoring"].run()[0], atol=1e-5)
