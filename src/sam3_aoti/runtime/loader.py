@@ -44,7 +44,10 @@ class Sam3Package:
     def exported_only(self) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it)."""
         exported = self.exported or load_exported(self.path)
-        runners = checked({name: exported[name].module() for name in models_of(self.metadata)}, self.metadata)
+        runners = {name: exported[name].module() for name in models_of(self.metadata)}
+        if set(PART_NAMES) <= set(runners):
+            runners["model_with_boxes"] = WithBoxes(runners)
+        runners = checked(runners, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
                            self.path, self.fallback_reason, exported, "off: exported programs")
 
@@ -111,9 +114,13 @@ class Sam3Package:
 
     def model_with_boxes(self, images, token_ids, boxes, labels=None):
         """`model(images, token_ids)` with exemplar boxes on every image (`encode_boxes` says what they are):
-        encode_image, encode_boxes and decode in one call."""
-        features = self.encode_image(images)
-        return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
+        encode_image, encode_text, encode_boxes and decode in one call, one CUDA graph on a GPU (`WithBoxes`)."""
+        import torch
+
+        self._part("encode_boxes")
+        if labels is None and isinstance(boxes, torch.Tensor):
+            labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
+        return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
 
     def decode_chunked(self, features, texts: list, exemplars=None):
         """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
@@ -251,12 +258,43 @@ class CheckedModel:
         return self.runner(images, token_ids)
 
 
+class WithBoxes:
+    """Text and exemplar boxes in one call: encode_image, encode_text, encode_boxes and decode of the package's
+    own runners. On a GPU it is captured as one CUDA graph (`load_package`), so the image features pass
+    between the parts in the graph's memory, and the call is one replay, not four with their features copied
+    in and out of each part's graph: the three-part path cost 0.7 ms more than `model` on the H200 at 1 x 1
+    (`benchmarks/README.md`, "Exemplar boxes"). One graph of the parts, not a fourth compiled model: a
+    whole-model compile more for each package, for the fusion across two boundaries that is left."""
+
+    def __init__(self, runners: dict):
+        self.encode_image, self.encode_text, self.encode_boxes, self.decode = (
+            runners[name] for name in ("encode_image", "encode_text", "encode_boxes", "decode"))
+
+    def __call__(self, images, token_ids, boxes, labels):
+        features = self.encode_image(images)
+        geometry = self.encode_boxes(features[6], features[3], boxes, labels)  # fpn_level2, position
+        return self.decode(*features[:4], *geometry, *self.encode_text(token_ids))
+
+
+class CheckedWithBoxes(CheckedModel):
+    """`model_with_boxes(images, token_ids, boxes, labels)` with one-line errors before native code runs."""
+
+    def __call__(self, images, token_ids, boxes, labels):
+        from .exemplars import check_boxes
+
+        check_images(images, self.device, self.side)
+        check_token_ids(token_ids, self.device, self.context, self.vocab)
+        check_boxes(boxes, labels, images.shape[0], self.device)
+        return self.runner(images, token_ids, boxes, labels)
+
+
 class CheckedPart:
     """A split model with one-line errors for inputs it cannot take, checked against the metadata's inputs:
     their count, dtypes, device and sizes, and one batch and one prompt count across them."""
 
     def __init__(self, runner: Callable, metadata: dict, name: str):
         self.runner, self.name, self.device = runner, name, metadata.get("device", "cpu")
+        self.graph_runner = runner if isinstance(runner, CudaGraphRunner) else None
         described = metadata["models"][name]
         self.inputs = [described["inputs"][n] for n in described["input_order"]]
         tokenizer = metadata.get("tokenizer", {})
@@ -421,8 +459,10 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     runners = {name: aoti[name] if name in aoti else exported[name].module() for name in names}
     backends = {name: "aoti" if name in aoti else "exported" for name in names}
     state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
+    if set(PART_NAMES) <= set(runners):
+        runners["model_with_boxes"] = WithBoxes(runners)  # of the parts' own runners, not of their graphs
     if state == "on":
-        for name in ("model", *PART_NAMES):
+        for name in ("model", *PART_NAMES, "model_with_boxes"):
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
@@ -440,4 +480,6 @@ def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: boo
 
 def checked(runners: dict, metadata: dict) -> dict:
     return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata),
-            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners}}
+            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners},
+            **({"model_with_boxes": CheckedWithBoxes(runners["model_with_boxes"], metadata)}
+               if "model_with_boxes" in runners else {})}

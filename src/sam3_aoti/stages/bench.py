@@ -134,12 +134,18 @@ def run(settings: Settings) -> None:
             "copy_gbps": memory,
             "versions": package.metadata.get("versions", {}), "torch": torch.__version__,
             "warmup": opts["warmup"], "iters": opts["iters"], "rows": rows, "aoti_kernels_at_2x3": breakdown,
-            "cuda_graphs": graphed and {"captures": graphed.graph_runner.captures,
-                                        "failed": graphed.graph_runner.failed}}
+            "cuda_graphs": graphed and {name: {"captures": runner.captures, "failed": runner.failed}
+                                        for name, runner in graph_runners(graphed).items()}}
     write_bytes_atomic(paths.bench_plot, plot(rows, f"{settings.profile} {settings.precision} on {info['gpu'] or 'cpu'}"))
     write_report(bench_report(settings, info), paths.bench_json, paths.bench_md)
     record(paths.manifest, "bench", [paths.bench_json, paths.bench_md, paths.bench_plot], settings.fingerprint("bench"))
     log.info("table: %s", paths.bench_md)
+
+
+def graph_runners(package) -> dict:
+    """The package's CUDA graph runners by name (`model`, its parts, `model_with_boxes`): what was captured."""
+    return {name: runner.graph_runner for name, runner in package.runners.items()
+            if getattr(runner, "graph_runner", None) is not None}
 
 
 def bench_report(settings: Settings, info: dict) -> Report:
