@@ -294,13 +294,16 @@ def push_built():
         return TaskFailed("push needs cache=URL (a folder or s3://) and SAM3_AOTI_SIGNING_KEY=KEYFILE")
     stages = read_manifest(PATHS.manifest)["stages"]
     done = []
-    for stage in CACHED:
-        entry = stages.get(stage, {})
-        if entry.get("key") and entry["key"] == key_of(stage) and not manifest_changes(PATHS.manifest, [stage]):
-            cache.push_entry(stage, entry["key"], files_of(stage), entry_info(stage))
-            done.append(stage)
-    if "verify" in done and stages["verify"].get("verified") is True:
-        publish_refs(cache)
+    try:
+        for stage in CACHED:
+            entry = stages.get(stage, {})
+            if entry.get("key") and entry["key"] == key_of(stage) and not manifest_changes(PATHS.manifest, [stage]):
+                cache.push_entry(stage, entry["key"], files_of(stage), entry_info(stage))
+                done.append(stage)
+        if "verify" in done and stages["verify"].get("verified") is True:
+            publish_refs(cache)
+    except Sam3AotiError as e:  # the store gone, its bucket missing, a full disk, a read-only folder
+        return TaskFailed(f"push failed after {', '.join(done) or 'nothing'}: {e}")
     if not done:
         return TaskFailed(f"nothing built here is up to date for today's keys: run `uv run doit` first")
     say(f"pushed {', '.join(done)} to {cache.url}")

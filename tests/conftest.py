@@ -38,6 +38,8 @@ def built_repo(tmp_path_factory, request) -> Path:
     """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU. When the session
     will ask for `second_clean_build`, that build starts now, beside this one: a test run is mostly one
     busy core, and the second clean build fills the other."""
+    if os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):  # a quick loop's: a copy you built (`doit device=cpu`) before
+        return Path(os.environ["SAM3_AOTI_TEST_BUILT_REPO"])
     if any("second_clean_build" in getattr(item, "fixturenames", ()) for item in request.session.items):
         clean = copy_repo(tmp_path_factory.mktemp("clean"))
         _BACKGROUND["clean"] = (clean, start_doit(clean, "package", "device=cpu"))

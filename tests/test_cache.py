@@ -5,6 +5,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -322,3 +323,234 @@ def test_the_cli_makes_keys_and_pulls_with_one_line_errors(tmp_path):
     refused = subprocess.run([*cli, "pull", f"file://{tmp_path}/none", "r", str(tmp_path / "d"),
                               "--trusted-key", str(public)], capture_output=True, text=True)
     assert refused.returncode == 1 and refused.stderr.startswith("sam3-aoti: ") and len(refused.stderr.splitlines()) == 1
+
+
+def signed_ref_files(tmp_path: Path, package: bytes = b"PK fake package") -> dict[str, Path]:
+    digest = hashlib.sha256(package).hexdigest()
+    return outputs(tmp_path, **{"sam3.pt2": package, "sam3.pt2.sha256": f"{digest}  sam3.pt2\n".encode(),
+                                "report.json": b"{}"})
+
+
+@pytest.mark.parametrize("record, why", [
+    (b"{not json", "is not a sam3-aoti-entry/1 record"),
+    (b"[" * 200_000 + b"]" * 200_000, "is not a sam3-aoti-entry/1 record"),
+    ({"signatures": 5}, "field `signatures` is not a list"),
+    ({"signatures": [5]}, "signatures are not strings"),
+    ({"outputs": [1]}, "field `outputs` is not an object"),
+    ({"info": "x"}, "field `info` is not an object"),
+    ({"stage": ["package"]}, "field `stage` is not a string"),
+])
+def test_a_record_of_the_wrong_shape_is_refused_with_one_line(cache_url, tmp_path, record, why):
+    """Anyone who can write to the store, with no key, can write a record: its shape is checked before use."""
+    key = SecretKey.generate("builder-a")
+    cache = Cache(cache_url, {"builder-a": key.public}, key)
+    cache.push_entry("package", "k", outputs(tmp_path, **{"package__a": b"a"}), {})
+    if isinstance(record, dict):
+        record = json.dumps({**json.loads(get(cache_url, entry_path("package", "k"))), **record}).encode()
+    put(cache_url, entry_path("package", "k"), record)
+    with pytest.raises(Refused, match=re.escape(why)):
+        cache.entry("package", "k")
+
+
+def alarm(seconds: int):
+    """Fail a test that hangs (a FIFO read blocks forever) instead of hanging the run."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError(f"hung for {seconds} s")
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+
+
+def test_a_fifo_in_a_folder_store_is_refused_not_read(tmp_path):
+    """A FIFO as a record or as a blob of a folder cache: one line, no hang; a push replaces the blob."""
+    key = SecretKey.generate("builder-a")
+    url = f"file://{tmp_path / 'store'}"
+    cache = Cache(url, {"builder-a": key.public}, key)
+    files = outputs(tmp_path, **{"package__a": b"a" * 10})
+    record = cache.push_entry("package", "k", files, {})
+    blob = tmp_path / "store" / blob_path(record["outputs"]["package/a"]["sha256"])
+    blob.unlink()
+    os.mkfifo(blob)
+    alarm(30)
+    try:
+        with pytest.raises(Refused, match="is not a regular file: refused"):
+            cache.fetch(cache.entry("package", "k")[0], tmp_path / "variant", ["package"])
+        cache.push_entry("package", "k", files, {})  # the FIFO is no blob: replaced
+        assert blob.is_file() and blob.read_bytes() == b"a" * 10
+        (tmp_path / "store" / entry_path("package", "k")).unlink()
+        os.mkfifo(tmp_path / "store" / entry_path("package", "k"))
+        with pytest.raises(StoreError, match="is not a regular file: refused"):
+            cache.entry("package", "k")
+    finally:
+        signal_off()
+
+
+def signal_off():
+    import signal
+
+    signal.alarm(0)
+
+
+class Answering:
+    """A real HTTP server on 127.0.0.1 answering every request with one status (a cache's https gateway that
+    denies or fails), for at most `seconds`."""
+
+    def __init__(self, status: int):
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_HEAD = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.timeout = 5
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/cache"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, words", [(403, "the server answered 403 Forbidden"),
+                                           (500, "the server answered 500 Internal Server Error"),
+                                           (404, "has no ref 'r'")])
+def test_an_https_cache_that_refuses_or_fails_is_named_so(tmp_path, status, words):
+    with Answering(status) as server:
+        with pytest.raises((Refused, StoreError), match=re.escape(words)):
+            pull(server.url, "r", tmp_path / "node", {})
+
+
+def test_a_missing_folder_bucket_or_closed_port_is_named_so(tmp_path, s3_server):
+    with pytest.raises(StoreError, match=r"the folder .*/nowhere does not exist: make it"):
+        pull(f"file://{tmp_path / 'nowhere'}", "r", tmp_path / "node", {})
+    with pytest.raises(StoreError, match="the bucket no-such-bucket does not exist: make it"):
+        pull("s3://no-such-bucket/cache", "r", tmp_path / "node", {})
+    with pytest.raises(StoreError, match="the bucket no-such-bucket does not exist"):
+        Cache("s3://no-such-bucket/cache", {}, SecretKey.generate("a")).push_entry(
+            "package", "k", outputs(tmp_path, **{"package__a": b"a"}), {})
+    with pytest.raises(StoreError, match=r"Cannot connect to host 127.0.0.1:9"):
+        pull("http://127.0.0.1:9/cache", "r", tmp_path / "node", {})
+
+
+PUSH_LIMITED = """
+import resource, signal, sys
+from pathlib import Path
+from sam3_aoti.runtime.binary_cache import Cache
+from sam3_aoti.runtime.signing import SecretKey
+from sam3_aoti.errors import Sam3AotiError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk (ENOSPC)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    Cache(sys.argv[1], {}, SecretKey.generate("a")).push_entry("package", "k", {"package/big": Path(sys.argv[2])}, {})
+except Sam3AotiError as e:
+    print(e)
+    sys.exit(1)
+"""
+
+
+def test_a_push_onto_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path):
+    """The store's disk fills up mid-upload (a file-size limit: the same failed write without a device to
+    fill): one line naming it, no temporary left in the store."""
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(4 << 20))
+    store = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", PUSH_LIMITED, f"file://{store}", str(big)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")})
+    assert proc.returncode == 1 and "cannot upload blobs/sha256/" in proc.stdout and "File too large" in proc.stdout
+    assert "Traceback" not in proc.stderr and leftovers(store) == []
+
+
+def test_a_push_to_a_read_only_store_is_one_line(tmp_path, s3_server):
+    """rclone's S3 server serving read-only, and a folder this user cannot write."""
+    s3_server.stop()
+    s3_server.start(read_only=True)
+    files = outputs(tmp_path, **{"package__a": b"a"})
+    with pytest.raises(StoreError, match=r"cannot upload blobs/sha256/\w+/\w+ \(.+\)$"):  # rclone answers 500
+        Cache(s3_server.url("cache"), {}, SecretKey.generate("a")).push_entry("package", "k", files, {})
+    blocked = tmp_path / "store"
+    blocked.mkdir()
+    (blocked / "blobs").write_text("a file where the store's folder goes")
+    with pytest.raises(StoreError, match=r"cannot upload blobs/sha256/"):
+        Cache(f"file://{blocked}", {}, SecretKey.generate("a")).push_entry("package", "k", files, {})
+
+
+KILLED = """
+import sys, time
+from pathlib import Path
+from sam3_aoti.runtime.binary_cache import Cache, pull
+from sam3_aoti.runtime.signing import PublicKey, SecretKey
+if sys.argv[1] == "push":
+    Cache(sys.argv[2], {}, SecretKey.generate("a")).push_entry("package", "k", {"package/big": Path(sys.argv[3])}, {})
+else:
+    key = PublicKey.parse(sys.argv[3])
+    pull(sys.argv[2], "r", Path(sys.argv[4]), {key.name: key})
+"""
+
+
+def kill_when(proc: subprocess.Popen, appeared) -> None:
+    """SIGKILL `proc` as soon as `appeared()` is true (at most 60 s)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not appeared():
+        assert proc.poll() is None and time.monotonic() < deadline, "the process ended before it was killed"
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+
+
+def test_a_killed_push_or_pull_leaves_nothing_after_the_next_one(tmp_path):
+    """SIGKILL mid-upload leaves a temporary blob in a folder store: the next push removes it. SIGKILL mid-pull
+    leaves its staging in DEST: the next pull removes it, and a user's own file in DEST stays."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(256 << 20))
+    url = f"file://{tmp_path / 'store'}"
+    pusher = subprocess.Popen([sys.executable, "-c", KILLED, "push", url, str(big)], env=env)
+    kill_when(pusher, lambda: any(p.name.endswith(".tmp") for p in (tmp_path / "store").rglob("*")))
+    assert [p for p in leftovers(tmp_path / "store") if p.name.endswith(".tmp")]
+    key = SecretKey.generate("builder-a")
+    Cache(url, {}, key).push_ref("r", {**signed_ref_files(tmp_path, big.read_bytes())}, {"verified": True})
+    assert [p for p in leftovers(tmp_path / "store") if p.name.endswith(".tmp")] == []
+
+    dest = tmp_path / "node"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    puller = subprocess.Popen([sys.executable, "-c", KILLED, "pull", url, str(key.public), str(dest)], env=env)
+    kill_when(puller, lambda: any(p.name.endswith(".part") for p in dest.rglob("*")))
+    assert list(dest.glob(".substitute.*"))
+    pull(url, "r", dest, {"builder-a": key.public})
+    assert not list(dest.glob(".substitute.*")) and (dest / "notes.txt").read_text() == "mine"
+    assert (dest / "sam3.pt2").stat().st_size == big.stat().st_size
+
+
+def test_an_older_signed_ref_put_back_is_refused_unless_asked_for(cache_url, tmp_path):
+    """Rollback: the node remembers the newest ref it pulled per cache and name; a validly signed older one put
+    back in the store is refused (one line), `allow_older` takes it on purpose."""
+    key = SecretKey.generate("builder-a")
+    cache, trusted = Cache(cache_url, {}, key), {"builder-a": key.public}
+    cache.push_ref("r", signed_ref_files(tmp_path / "v1", b"PK version 1"), {"verified": True})
+    old_record = get(cache_url, "refs/r.json")
+    pull(cache_url, "r", tmp_path / "node", trusted)
+    cache.push_ref("r", signed_ref_files(tmp_path / "v2", b"PK version 2"), {"verified": True})
+    pull(cache_url, "r", tmp_path / "node", trusted)
+    put(cache_url, "refs/r.json", old_record)
+    with pytest.raises(Refused, match="before the one this node pulled already .* pass --allow-older"):
+        pull(cache_url, "r", tmp_path / "node", trusted)
+    assert (tmp_path / "node" / "sam3.pt2").read_bytes() == b"PK version 2"
+    pull(cache_url, "r", tmp_path / "node", trusted, allow_older=True)
+    assert (tmp_path / "node" / "sam3.pt2").read_bytes() == b"PK version 1"
+    assert "issued" in json.loads((tmp_path / "node" / "origin.json").read_text())

@@ -23,9 +23,11 @@ def package(tmp_path, monkeypatch):
 
 
 def count_hashes(monkeypatch) -> list:
+    """Every hash of a package: of the open file, or of a private copy as it is made (a file just written)."""
     calls = []
-    real = integrity.sha256
-    monkeypatch.setattr(integrity, "sha256", lambda path: calls.append(path) or real(path))
+    real_hash, real_copy = integrity.hash_of, integrity.PackageFile.private_copy
+    monkeypatch.setattr(integrity, "hash_of", lambda package: calls.append(package) or real_hash(package))
+    monkeypatch.setattr(integrity.PackageFile, "private_copy", lambda package: calls.append(package) or real_copy(package))
     return calls
 
 

@@ -2,19 +2,25 @@
 fails or is killed leaves nothing behind."""
 
 import hashlib
+import json
 import re
 import os
 import shutil
 import subprocess
 import sys
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from sam3_aoti.errors import PackageError
+from sam3_aoti.runtime import integrity
+from sam3_aoti.runtime.info import archive_info
 from sam3_aoti.runtime.integrity import digest_file
 from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.runtime.scratch import process_folder
 
 from helpers import REPO, TINY_MODELS, predict, rewrite_package
 
@@ -151,3 +157,90 @@ def test_info_reads_nothing_unbounded_and_names_a_bad_metadata_field(tmp_path, m
     assert crafted.stat().st_size < 1 << 20
     with pytest.raises(PackageError, match=re.escape(words)):
         archive_info(crafted, trust=True)
+
+
+def exact_copy(package_path, folder):
+    """The package and its digest file, byte for byte, in `folder`."""
+    shutil.copy(package_path, folder / "sam3.pt2")
+    shutil.copy(digest_file(package_path), digest_file(folder / "sam3.pt2"))
+    return folder / "sam3.pt2"
+
+
+def as_impostor(name, data):
+    """Another archive a writer could rename over the package: its metadata says so (its code could be anything)."""
+    if name.endswith("extra/metadata.json"):
+        return json.dumps({**json.loads(data), "profile": "impostor"}).encode()
+    return data
+
+
+@pytest.mark.parametrize("reader", ["load_package", "info"])
+@pytest.mark.parametrize("how", ["hashed", "remembered", "just written"])
+def test_what_is_checked_is_what_loads(package_path, tmp_path, monkeypatch, how, reader):
+    """An archive renamed over the package right after its digest check (hashed now, remembered from before, or
+    hashed as it is copied because it was just written) is never read: load_package and info read the file
+    that was checked."""
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path / "cache"))
+    package = exact_copy(package_path, tmp_path)
+    (tmp_path / "impostor").mkdir()
+    impostor = rewrite_package(package_path, tmp_path / "impostor" / "sam3.pt2", as_impostor)
+    if how != "just written":
+        time.sleep(integrity.RACY_NS / 1e9 + 0.1)
+    if how == "remembered":
+        integrity.check_package(package)
+    swaps = []
+
+    def swap():
+        shutil.copy(impostor, tmp_path / "next.pt2")
+        os.replace(tmp_path / "next.pt2", package)
+        swaps.append(package)
+
+    hook = {"hashed": "hash_of", "remembered": "_check_record", "just written": "private_copy"}[how]
+    owner = integrity.PackageFile if hook == "private_copy" else integrity
+    real = getattr(owner, hook)
+    monkeypatch.setattr(owner, hook, lambda *args: (real(*args), swap())[0])
+    if reader == "info":
+        assert archive_info(package)["profile"] == "tiny"
+    else:
+        loaded = load_package(package)
+        assert loaded.metadata["profile"] == "tiny" and loaded.backends == dict.fromkeys(TINY_MODELS, "aoti")
+    assert len(swaps) == 1
+
+
+def test_a_package_written_in_place_while_it_loads_is_refused(package_path, tmp_path, monkeypatch):
+    """A write into the checked file itself after its check (one byte of the models' code changed): what is open
+    is checked again before any code of it loads, the load is refused with one line, and no model's folder is
+    left."""
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path / "cache"))
+    package = exact_copy(package_path, tmp_path)
+    time.sleep(integrity.RACY_NS / 1e9 + 0.1)
+
+    with zipfile.ZipFile(package) as archive:  # where the model's shared object lies in the file
+        entry = next(i for i in archive.infolist() if i.filename.endswith("/model/" + i.filename.split("/")[-1])
+                     and i.filename.endswith(".wrapper.so"))
+        offset = entry.header_offset + 30 + len(entry.filename.encode()) + len(entry.extra) + entry.compress_size // 2
+
+    def write_in_place():
+        with open(package, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    real = integrity.hash_of
+    monkeypatch.setattr(integrity, "hash_of", lambda opened: (real(opened), write_in_place())[0])
+    before = set(process_folder().iterdir())
+    with pytest.raises(PackageError, match="does not match its digest sam3.pt2.sha256"):
+        load_package(package)
+    assert set(process_folder().iterdir()) == before
+
+
+def test_a_fifo_in_place_of_a_package_or_its_digest_is_one_line_not_a_hang(package_path, tmp_path):
+    package = exact_copy(package_path, tmp_path)
+    digest_file(package).unlink()
+    os.mkfifo(digest_file(package))
+    with pytest.raises(PackageError, match="sam3.pt2.sha256 is not a regular file"):
+        load_package(package)
+    fifo = tmp_path / "fifo.pt2"
+    os.mkfifo(fifo)
+    with pytest.raises(PackageError, match="fifo.pt2 is not a regular file"):
+        integrity.check_package(fifo)

@@ -61,11 +61,18 @@ def _json_type(value) -> str:
     return next((name for kind, name in kinds if isinstance(value, kind)), "null")
 
 
-def read_extra_files(path: Path) -> dict:
+def open_archive(package) -> zipfile.ZipFile:
+    """The zip of a package: a path, or a package opened once (`integrity.PackageFile`), read through its open
+    file so that what was checked is what is read."""
+    return zipfile.ZipFile(getattr(package, "file", package))
+
+
+def read_extra_files(package) -> dict:
     """The archive's metadata and vocabulary, by name, each read within its limit (a one-line error for anything
-    that is no package)."""
+    that is no package). `package`: a path or an `integrity.PackageFile`."""
+    path = getattr(package, "path", package)
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_archive(package) as archive:
             entries = archive_entries(archive)
             if f"extra/{METADATA_FILE}" not in entries:
                 raise KeyError(METADATA_FILE)

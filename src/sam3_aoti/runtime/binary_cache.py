@@ -23,7 +23,8 @@ import time
 from pathlib import Path, PurePosixPath
 
 from ..errors import InputError, Sam3AotiError
-from .files import human_size, sha256
+from .files import human_size, sha256, write_text_atomic
+from .scratch import alive, cache_dir, owner_tag
 from .signing import KEY_NAME, SecretKey, PublicKey, TrustError, signer
 from .store import Store, StoreError
 
@@ -52,6 +53,11 @@ def entry_path(stage: str, key: str) -> str:
 
 
 MAX_REF_NAME = 128
+# The fields a reader uses and the JSON type each must have; checked before any is used (anyone who can
+# write to the store can write a record, signed or not)
+RECORD_FIELDS = {"format": str, "stage": str, "key": str, "name": str, "signatures": list, "outputs": dict,
+                 "info": dict, "built_by": dict, "issued_ns": int}
+RECORD_FIELD_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
 
 
 def check_ref_name(name: str) -> str:
@@ -94,8 +100,13 @@ class Cache:
             record = json.loads(data)
             if not isinstance(record, dict) or record.get("format") != fmt:
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             raise Refused(f"{rel} in {self.url} is not a {fmt} record: refused") from None
+        for field, kind in RECORD_FIELDS.items():
+            if field in record and not isinstance(record[field], kind):
+                raise Refused(f"{rel} in {self.url}: its field `{field}` is not {RECORD_FIELD_NAMES[kind]}: refused")
+        if not all(isinstance(s, str) for s in record.get("signatures", [])):
+            raise Refused(f"{rel} in {self.url}: its signatures are not strings: refused")
         try:
             name = signer(record.get("signatures") or [], canonical(record), self.trusted)
         except TrustError as e:
@@ -127,7 +138,8 @@ class Cache:
         if missing:
             raise Refused(f"the record lacks {missing[0]}: refused")
         dest.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".substitute.", dir=dest))  # swept by a next run if this one dies
+        sweep_staging(dest)
+        staging = Path(tempfile.mkdtemp(prefix=f".substitute.{owner_tag()}.", dir=dest))  # a dead one's: swept
         try:
             for rel, out in sorted(outputs.items()):
                 try:
@@ -148,7 +160,9 @@ class Cache:
         return [dest / u for u in units]
 
     def push_files(self, files: dict[str, Path], progress=None) -> dict:
-        """Upload every file not already in the store (content-addressed: present means done); the outputs map."""
+        """Upload every file not already in the store (content-addressed: present means done); the outputs map.
+        A folder store's temporaries of pushes that died are removed first."""
+        self.store.sweep_temporaries()
         outputs, last = {}, time.monotonic()
         for rel, path in sorted(files.items()):
             digest, size = sha256(path), path.stat().st_size
@@ -177,8 +191,10 @@ class Cache:
         return record
 
     def push_ref(self, name: str, files: dict[str, Path], info: dict, progress=None) -> dict:
+        """A ref, signed with the time it is issued (`issued_ns`): a node refuses one older than it pulled before."""
         outputs = self.push_files(files, progress)
-        record = {"format": REF_FORMAT, "name": name, "outputs": outputs, "info": info, "built_by": builder()}
+        record = {"format": REF_FORMAT, "name": name, "outputs": outputs, "info": info, "built_by": builder(),
+                  "issued_ns": time.time_ns()}
         self.store.write(ref_path(name), self._sign(record))
         return record
 
@@ -210,9 +226,63 @@ def check_destination(dest: Path) -> None:
         raise InputError(f"{dest} is not writable: pull into a folder you can write")
 
 
-def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None) -> dict:
+def sweep_staging(dest: Path) -> None:
+    """Remove the staging folders a killed fetch (a pull, a substitution) left in `dest`: those whose process
+    is gone. A user's own files are never touched: only `.substitute.<owner>.*` folders."""
+    for staging in dest.glob(".substitute.*"):
+        owner = staging.name.split(".")[2] if staging.name.count(".") >= 3 else ""
+        if staging.is_dir() and not staging.is_symlink() and owner and not alive(owner):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def seen_refs_file() -> Path:
+    """Where a node remembers the newest ref it pulled, per cache and name (rollback: `check_not_older`)."""
+    return cache_dir() / "pulled-refs.json"
+
+
+def _seen_refs() -> dict:
+    try:
+        seen = json.loads(seen_refs_file().read_text())
+        return seen if isinstance(seen, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def check_not_older(url: str, name: str, record: dict, allow_older: bool) -> None:
+    """Refuse a ref issued before the newest this node pulled of that name from that cache: someone put an
+    older signed ref back (a rollback, TUF's freeze and rollback attacks). `allow_older` is the operator's
+    deliberate way back. A ref from before refs carried `issued_ns` counts as issued at 0."""
+    seen = _seen_refs().get(f"{url.rstrip('/')} {name}")
+    issued = record.get("issued_ns", 0)
+    if isinstance(seen, dict) and isinstance(seen.get("issued_ns"), int) and issued < seen["issued_ns"] \
+            and not allow_older:
+        raise Refused(f"ref {name} in {url} was issued {_when(issued)}, before the one this node pulled already "
+                      f"({_when(seen['issued_ns'])}): an older ref put back is refused; pass --allow-older to go "
+                      "back on purpose")
+
+
+def remember_ref(url: str, name: str, record: dict) -> None:
+    seen = _seen_refs()
+    seen[f"{url.rstrip('/')} {name}"] = {"issued_ns": record.get("issued_ns", 0),
+                                         "sha256": record["outputs"]["sam3.pt2"]["sha256"]}
+    try:
+        write_text_atomic(seen_refs_file(), json.dumps(seen, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        from ..errors import first_line
+
+        raise Refused(f"cannot remember ref {name} in {seen_refs_file()} ({first_line(e)}): set SAM3_AOTI_CACHE "
+                      "to a folder you can write") from None
+
+
+def _when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9)) if ns else "before refs carried a time"
+
+
+def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None,
+         allow_older: bool = False) -> dict:
     """`sam3-aoti pull`: the package a signed ref names, its digest file and its verify report into `dest`,
-    each checked against the ref; `dest/origin.json` says where they came from and who signed them."""
+    each checked against the ref; `dest/origin.json` says where they came from and who signed them. A ref older
+    than one this node pulled before is refused unless `allow_older`."""
     check_ref_name(name)
     check_destination(Path(dest))
     cache = Cache(url, trusted)
@@ -224,6 +294,8 @@ def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progres
         raise Refused(f"ref {name} names {sorted(record['outputs'])}, not {list(REF_FILES)}: refused")
     if record.get("info", {}).get("verified") is not True:
         raise Refused(f"ref {name} points at a package that did not pass verify: refused")
+    check_not_older(url, name, record, allow_older)
+    remember_ref(url, name, record)  # seen signed: anything older is a rollback, whether or not this fetch ends
     digest = record["outputs"]["sam3.pt2"]["sha256"]
     dest = Path(dest)
     cache.fetch(record, dest, list(REF_FILES), progress)
@@ -231,8 +303,7 @@ def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progres
         (dest / "sam3.pt2.sha256").unlink()  # a digest file that disagrees with the signed record is no digest
         raise Refused(f"ref {name}: its sam3.pt2.sha256 does not name the package's sha256: refused")
     origin = {"ref": name, "url": url, "signed_by": signed_by, "built_by": record.get("built_by"),
-              "pulled": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "info": record.get("info", {})}
-    from .files import write_text_atomic
-
+              "issued": _when(record.get("issued_ns", 0)), "pulled": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "info": record.get("info", {})}
     write_text_atomic(dest / "origin.json", json.dumps(origin, indent=2) + "\n")
     return origin

@@ -155,13 +155,14 @@ def keygen(name: str, out: Path) -> None:
           "every machine that substitutes ([cache] trusted_keys or SAM3_AOTI_TRUSTED_KEYS)", file=sys.stderr)
 
 
-def pull(url: str, ref: str, dest: Path, trusted: list[str]) -> None:
+def pull(url: str, ref: str, dest: Path, trusted: list[str], allow_older: bool = False) -> None:
     from .binary_cache import pull as pull_ref
     from .signing import trusted_keys
 
     t0 = time.perf_counter()
     origin = pull_ref(url, ref, dest, trusted_keys(trusted),
-                      progress=lambda line: print(f"sam3-aoti pull: {line}", file=sys.stderr, flush=True))
+                      progress=lambda line: print(f"sam3-aoti pull: {line}", file=sys.stderr, flush=True),
+                      allow_older=allow_older)
     print(f"{dest / 'sam3.pt2'}: ref {ref} from {url}, signed by {origin['signed_by']}, verified "
           f"({time.perf_counter() - t0:.1f} s)")
 
@@ -213,6 +214,8 @@ def run_command(argv: list[str] | None) -> None:
     get.add_argument("dest", type=Path, help="folder for sam3.pt2, sam3.pt2.sha256, report.json and origin.json")
     get.add_argument("--trusted-key", action="append", default=[], metavar="NAME:BASE64",
                      help="a public key whose signature is trusted (repeat; also $SAM3_AOTI_TRUSTED_KEYS)")
+    get.add_argument("--allow-older", action="store_true",
+                     help="take a ref issued before one this node pulled already (going back on purpose)")
     cache = commands.add_parser("cache", help="binary cache keys")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     gen = cache_commands.add_parser("keygen", help="write a new ed25519 signing key; print its public key")
@@ -220,7 +223,7 @@ def run_command(argv: list[str] | None) -> None:
     gen.add_argument("--out", type=Path, required=True, help="file for the secret key (created, mode 600)")
     args = parser.parse_args(argv)
     if args.command == "pull":
-        pull(args.url, args.ref, args.dest, args.trusted_key)
+        pull(args.url, args.ref, args.dest, args.trusted_key, args.allow_older)
         return
     if args.command == "cache":
         keygen(args.name, args.out)

@@ -40,6 +40,21 @@ def write_bytes_atomic(target: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def open_regular(path: Path):
+    """`path` opened for reading, only if it is a regular file (None where it is not: a FIFO, a socket, a device,
+    a folder). Opened without blocking, so a FIFO put in a file's place cannot hang the reader; `OSError` where
+    it cannot be opened."""
+    import fcntl
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, "rb")
+
+
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return stream_sha256(f)

@@ -8,9 +8,9 @@ import zlib
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import METADATA_FILE, READ_LIMITS, archive_entries, fallback_of, parse_metadata, read_bounded
+from .archive import METADATA_FILE, READ_LIMITS, archive_entries, fallback_of, open_archive, parse_metadata, read_bounded
 from .files import human_size
-from .integrity import check_entries, check_package
+from .integrity import PackageChanged, PackageFile, check_entries, check_package
 
 
 def archive_info(path: str | Path, trust: bool = False, sha256: str | None = None) -> dict:
@@ -19,9 +19,22 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
     path = Path(path)
     if not path.is_file():
         raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
-    check_entries(path)
+    with PackageFile(path) as package:  # what is described is what is checked
+        described = _describe(package)
+        described["integrity"] = check_package(package, trust=trust, digest=sha256)
+        try:
+            package.check_unchanged()
+        except PackageChanged:  # changed after it was opened: describe a checked copy of what was open
+            integrity = package.recheck()
+            described = {**_describe(package), "integrity": integrity}
+    return described
+
+
+def _describe(package: PackageFile) -> dict:
+    path = package.path
+    check_entries(package)
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_archive(package) as archive:
             entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
             if read_bounded(archive, entries["archive_format"].filename, 16) != b"pt2":
                 raise KeyError("archive_format")
@@ -41,7 +54,6 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, RecursionError, zlib.error) as e:
         reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
         raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
-    integrity = check_package(path, trust=trust, digest=sha256)
     fallback = fallback_of(path)
     models = {}
     for name, described in metadata.get("models", {}).items():
@@ -49,7 +61,7 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
         models[name] = {**described, "backends": backends, **aoti.get(name, {})}
     versions = metadata.get("versions", {})
     return {
-        "path": str(path), "bytes": path.stat().st_size, "format": metadata.get("format"), "integrity": integrity,
+        "path": str(path), "bytes": package.opened.st_size, "format": metadata.get("format"), "integrity": None,
         "profile": metadata.get("profile"), "precision": metadata.get("precision"), "device": metadata.get("device"),
         "gpu": versions.get("gpu"), "compute_capability": versions.get("compute_capability"),
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},

@@ -14,38 +14,123 @@ the file changes. As in git, a file changed within the last second is never reme
 and a write in the same tick would leave them as they were. The record lives in the user's cache
 ($SAM3_AOTI_CACHE, else $XDG_CACHE_HOME/sam3-aoti, else ~/.cache/sam3-aoti); where it cannot be written, every
 load hashes.
+
+What is checked is what loads: the package is opened once (`PackageFile`), hashed through that open file, and
+read through it after (entries, metadata, the models' code), so a file renamed over the path in between is
+never read. Whatever happens to the file after it was opened moves its ctime (a write into it, or a rename over
+its path, which unlinks it): then what is open is copied into this process's own folder, hashed as it is
+copied, checked again and read again from the copy, before any native code is loaded. A file written within
+the last second (whose ctime could not show a second write in the same tick) is copied that way from the start.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import stat
+import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import MODEL_NAMES, PART_NAMES, archive_entries
-from .scratch import cache_dir
-from .files import sha256, sha256_once, stream_sha256, write_text_atomic
+from .archive import MODEL_NAMES, PART_NAMES, archive_entries, open_archive
+from .scratch import cache_dir, process_folder
+from .files import open_regular, sha256_once, stream_sha256, write_text_atomic
 
 AOTI_PREFIX = "data/aotinductor/"
 KEEP_RECORDS = 256  # remembered checks; the oldest go first
 RACY_NS = 1_000_000_000  # a file changed this recently is hashed again next time
 
 
-def _check_record(package: Path, how: str) -> Path:
+class PackageChanged(PackageError):
+    """The package file changed (written, or renamed over) after it was opened: read it again (`recheck`)."""
+
+
+class PackageFile:
+    """A package opened once, so that what is checked is what is read: `check_package` hashes this open file,
+    and the loader and `info` read the archive through it (`open_archive`). `check_unchanged` raises
+    PackageChanged when the file changed since it was opened, and `recheck` then checks a private copy of what
+    is open, which is read from then on; a file written within the last second is copied that way at once."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self.file = open_regular(self.path)
+        except OSError as e:
+            raise PackageError(f"{self.path} cannot be read ({e.strerror}): pass the .pt2 file the `package` "
+                               "stage wrote") from None
+        if self.file is None:
+            raise PackageError(f"{self.path} is not a regular file (a folder, a FIFO or a device): pass the .pt2 "
+                               "file the `package` stage wrote")
+        self.opened = os.fstat(self.file.fileno())
+        self.copied = self.copy_next = False
+        self.checked_with: tuple = (False, None)  # check_package's trust and digest, for `recheck`
+
+    def __enter__(self) -> "PackageFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def racy(self) -> bool:
+        """Written within the last second: a second write in the same tick of the file's clock would not show."""
+        return not self.copied and (self.copy_next or time.time_ns() - self.opened.st_ctime_ns < RACY_NS)
+
+    def private_copy(self) -> str:
+        """Copy the open file into this process's own folder (unlinked at once: only this open file reaches it),
+        hashing the bytes copied; read the copy from now on. Returns their sha256."""
+        fd, name = tempfile.mkstemp(suffix=".pt2", dir=process_folder())
+        os.unlink(name)
+        digest = hashlib.sha256()
+        with os.fdopen(os.dup(fd), "wb") as copy:
+            self.file.seek(0)
+            while block := self.file.read(1 << 24):
+                digest.update(block)
+                copy.write(block)
+        self.file.close()
+        self.file, self.copied = os.fdopen(fd, "rb"), True
+        self.opened = os.fstat(fd)
+        return digest.hexdigest()
+
+    def check_unchanged(self) -> None:
+        """PackageChanged if the file changed since it was opened (its ctime moves on a write, and on a rename
+        over its path)."""
+        now = os.fstat(self.file.fileno())
+        if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (self.opened.st_size, self.opened.st_mtime_ns,
+                                                                 self.opened.st_ctime_ns):
+            raise PackageChanged(f"{self.path} changed while it loaded: load it again once whatever writes it "
+                                 "is done")
+
+    def recheck(self) -> str:
+        """After PackageChanged: what is open, copied into this process's own folder and checked again as
+        `check_package` checked it (the digest against the copy's bytes); read the copy from now on."""
+        self.copy_next = True
+        return check_package(self, *self.checked_with)
+
+
+def hash_of(package: PackageFile) -> str:
+    package.file.seek(0)
+    return stream_sha256(package.file)
+
+
+def _check_record(package: PackageFile, how: str) -> Path:
     """Where a passed check of this very file (same inode, size, mtime and ctime) and digest is remembered."""
-    st = package.stat()
-    key = f"{package.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{how}"
+    st = package.opened
+    key = f"{package.path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{how}"
     return cache_dir() / "verified" / hashlib.sha256(key.encode()).hexdigest()
 
 
-def _remember(package: Path, record: Path) -> None:
+def _remember(package: PackageFile, record: Path) -> None:
     try:
-        if time.time_ns() - package.stat().st_ctime_ns < RACY_NS:
+        if package.copied or time.time_ns() - package.opened.st_ctime_ns < RACY_NS:
             return
         record.parent.mkdir(parents=True, exist_ok=True)
         record.touch()
@@ -78,14 +163,16 @@ PACKAGE_ENTRIES = (r"archive_format", r"archive_version", r"byteorder", r"\.data
 KNOWN_ENTRY = re.compile("^(" + "|".join(PACKAGE_ENTRIES) + ")$")
 
 
-def check_entries(package: Path) -> None:
+def check_entries(package: Path | PackageFile) -> None:
     """Every entry of the archive is a plain file a package has, under one root folder: no absolute path, no
     `..`, no link, no device, no name twice. Checked before torch's loader sees the archive: it unpacks by name."""
+    package_path = getattr(package, "path", package)
     try:
-        with zipfile.ZipFile(package) as archive:
+        with open_archive(package) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, EOFError):
-        raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+        raise PackageError(f"{package_path} is truncated or not a sam3-aoti package: rebuild it with "
+                           "`uv run doit package`") from None
     roots, seen = set(), set()
     for info in infos:
         name = info.filename
@@ -93,12 +180,12 @@ def check_entries(package: Path) -> None:
         kind = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0  # 0: no type recorded
         if (name.startswith("/") or "\\" in name or not SAFE_NAME.match(root) or not KNOWN_ENTRY.match(inner)
                 or ".." in name.split("/") or kind not in (0, stat.S_IFREG) or name in seen):
-            raise PackageError(f"{package} holds the entry {name!r}, which no sam3-aoti package has (a path out of "
+            raise PackageError(f"{package_path} holds the entry {name!r}, which no sam3-aoti package has (a path out of "
                                "its folder, a link, or a file its build does not write): refusing to open it")
         roots.add(root)
         seen.add(name)
     if len(roots) != 1:
-        raise PackageError(f"{package} has {len(roots)} root folders ({', '.join(sorted(roots)[:3])}), a package has "
+        raise PackageError(f"{package_path} has {len(roots)} root folders ({', '.join(sorted(roots)[:3])}), a package has "
                            "one: refusing to open it")
 
 
@@ -109,62 +196,88 @@ def normalize_digest(digest: str) -> str:
     return digest
 
 
-def check_package(package: Path, trust: bool = False, digest: str | None = None) -> str:
+def check_package(package: Path | PackageFile, trust: bool = False, digest: str | None = None) -> str:
     """Raise a one-line PackageError unless the archive is the one the user vouches for; returns how it was
     checked. A package is native code, and nothing it says about itself proves who made it: it loads when its
     sha256 equals a digest obtained beside or before it (`digest`, else the `.sha256` file beside it), or when
     the user trusts it (`trust`; its parts are then still checked against the metadata, to catch damage).
-    Every entry name is checked first (`check_entries`), trusted or not."""
-    package = Path(package)
-    if not package.is_file():
-        raise PackageError(f"{package} does not exist or is not a file: pass the .pt2 file the `package` stage wrote")
+    Every entry name is checked first (`check_entries`), trusted or not. Pass a `PackageFile` to read the
+    package after through the very file that was checked."""
+    if not isinstance(package, PackageFile):
+        with PackageFile(package) as opened:
+            return check_package(opened, trust, digest)
+    package.checked_with = (trust, digest)
     check_entries(package)
-    recorded = digest_file(package)
+    recorded = digest_file(package.path)
     digest_passed = digest is not None
     source = "the digest passed in" if digest else recorded.name
-    if digest is None and recorded.is_file():
-        try:
-            digest = (recorded.read_text().split() or [""])[0]
-        except (OSError, UnicodeDecodeError):
-            raise PackageError(f"{recorded} cannot be read: fetch the package's digest file again") from None
+    if digest is None and recorded.exists():
+        digest = read_digest_file(recorded)
     if digest is not None:
         digest = normalize_digest(digest)
-        record = _check_record(package, digest)
-        if record.is_file():
+        record = None if package.racy else _check_record(package, digest)
+        if record is not None and record.is_file():
             return f"matches {source} (checked before; file unchanged since)"
-        if sha256(package) != digest:
+        if record is None:
+            actual = package.private_copy()
+            check_entries(package)  # the copy's, as the loader will read them
+        else:
+            actual = hash_of(package)
+        if actual != digest:
             against = source if digest_passed else f"its digest {source}"
-            raise PackageError(f"{package} does not match {against}: it was modified or damaged since it was built; "
-                               "rebuild it (`uv run doit package`) or fetch it again")
-        _remember(package, record)
+            raise PackageError(f"{package.path} does not match {against}: it was modified or damaged since it was "
+                               "built; rebuild it (`uv run doit package`) or fetch it again")
+        if record is not None:
+            _remember(package, record)
         return f"matches {source}"
     if not trust:
-        raise PackageError(f"{package} has no digest beside it ({recorded.name}) and none was passed: a package is "
-                           "native code and a digest inside it proves nothing; fetch its .sha256 with it, pass "
+        raise PackageError(f"{package.path} has no digest beside it ({recorded.name}) and none was passed: a package "
+                           "is native code and a digest inside it proves nothing; fetch its .sha256 with it, pass "
                            "--sha256 (sha256=...), or --trust (trust=True) if you vouch for it")
+    if package.racy:
+        package.private_copy()
+        check_entries(package)
     _check_parts(package)
     return "no digest: trusted (--trust); parts match the metadata's digests"
 
 
-def _check_parts(package: Path) -> None:
-    """A trusted package's parts against its metadata's digests: damage, not authenticity."""
+def read_digest_file(recorded: Path) -> str:
+    """The digest in a `sha256sum` file (its first word), read only if it is a small regular file."""
     try:
-        with zipfile.ZipFile(package) as archive:
+        with open_regular(recorded) or _not_regular(recorded) as f:
+            text = f.read(4096).decode()
+    except (OSError, UnicodeDecodeError):
+        raise PackageError(f"{recorded} cannot be read: fetch the package's digest file again") from None
+    return (text.split() or [""])[0]
+
+
+def _not_regular(path: Path):
+    raise PackageError(f"{path} is not a regular file: fetch the package's digest file again")
+
+
+def _check_parts(package: PackageFile) -> None:
+    """A trusted package's parts against its metadata's digests: damage, not authenticity."""
+    from .archive import METADATA_FILE, READ_LIMITS, parse_metadata, read_bounded
+
+    path = package.path
+    try:
+        with open_archive(package) as archive:
             entries = archive_entries(archive)
-            metadata = json.loads(archive.read(entries["extra/metadata.json"]))
+            metadata = parse_metadata(read_bounded(archive, entries[f"extra/{METADATA_FILE}"],
+                                                   READ_LIMITS[METADATA_FILE]), path)
             parts = metadata.get("parts_sha256") or {}
             code = [name for name in entries if name.startswith(AOTI_PREFIX)]
             for name in code:
                 if name not in parts:
                     if not parts:
                         return  # an older build without part digests: nothing to compare
-                    raise PackageError(f"{package} holds {name}, which its build did not write: refusing to load it")
+                    raise PackageError(f"{path} holds {name}, which its build did not write: refusing to load it")
                 with archive.open(entries[name]) as part:
                     if stream_sha256(part) != parts[name]:
-                        raise PackageError(f"{package}: {name} does not match its recorded digest: the package was "
+                        raise PackageError(f"{path}: {name} does not match its recorded digest: the package was "
                                            "modified; rebuild it (`uv run doit package`) or fetch it again")
             missing = sorted(set(parts) - set(code))
             if missing:
-                raise PackageError(f"{package} lacks {missing[0]}, which its build wrote: rebuild it")
+                raise PackageError(f"{path} lacks {missing[0]}, which its build wrote: rebuild it")
     except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError):
-        raise PackageError(f"{package} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+        raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None

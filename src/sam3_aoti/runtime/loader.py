@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
 from .archive import (METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, archive_entries,
-                      READ_LIMITS, fallback_of, parse_metadata, read_bounded, read_extra_files)
+                      READ_LIMITS, fallback_of, open_archive, parse_metadata, read_bounded, read_extra_files)
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
-from .integrity import check_package
+from .integrity import PackageChanged, PackageFile, check_package
 
 log = logging.getLogger(__name__)
 
@@ -139,28 +138,20 @@ class Sam3Package:
 
 
 class AotiRunner:
-    """One AOTI model of the archive, called with tensors. Its files are unpacked into this process's own
-    temporary folder (`scratch`; torch's package loader would unpack into /tmp/XXXXXX, left there when a load
-    is interrupted), loaded with torch's model runner, and its weights read from the blob, which is then
-    removed: the code stays for the life of the runner (CUDA kernels load on first use). Inputs are made
-    contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would
-    be read wrongly, silently."""
+    """One AOTI model of the archive, called with tensors: its files unpacked (`unpack_model`) into this
+    process's own temporary folder (`scratch`; torch's package loader would unpack into /tmp/XXXXXX, left there
+    when a load is interrupted), loaded with torch's model runner, and its weights read from the blob, which is
+    then removed: the code stays for the life of the runner (CUDA kernels load on first use). The runner owns
+    the folder. Inputs are made contiguous: the runner reads dense row-major memory, and a permuted view (an
+    HWC image turned CHW) would be read wrongly, silently."""
 
-    def __init__(self, path: Path, name: str, device: str = "cpu", single_threaded: bool = False):
-        import tempfile
+    def __init__(self, folder: Path, name: str, device: str = "cpu", single_threaded: bool = False):
         import weakref
 
         from torch.utils import _pytree
 
-        from .scratch import process_folder
-
-        folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
-        try:
-            self.runner = _model_runner(path, name, folder, device, single_threaded)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+        self.runner = _model_runner(folder, name, device, single_threaded)
         self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
 
     def __call__(self, *args):
@@ -180,20 +171,36 @@ class AotiRunner:
         self.runner.update_constant_buffer({k: theirs[fqn] for k, fqn in mine.items()}, False, True, True)
 
 
-def _model_runner(path: Path, name: str, folder: Path, device: str, single_threaded: bool):
-    """torch's runner for the model `name` of the archive, from its files unpacked into `folder` (names were
-    checked by `integrity.check_entries`): its shared object, its kernels, its weights blob."""
-    import torch
+def unpack_model(package: PackageFile, name: str) -> Path:
+    """The files of the model `name` (names checked by `integrity.check_entries`), unpacked from the package's
+    open file into a folder of this process's own: its shared object, its kernels, its weights blob."""
+    import tempfile
+
+    from .scratch import process_folder
 
     prefix = f"data/aotinductor/{name}/"
-    with zipfile.ZipFile(path) as archive:
-        for inner, entry in archive_entries(archive).items():
-            if inner.startswith(prefix):
-                with archive.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
+    try:
+        with open_archive(package) as archive:
+            for inner, entry in archive_entries(archive).items():
+                if inner.startswith(prefix):
+                    with archive.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 24)
+        shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
+        if len(shared) != 1:
+            raise PackageError(f"{package.path} holds {len(shared)} shared objects for {name}, a package one: "
+                               "rebuild it")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def _model_runner(folder: Path, name: str, device: str, single_threaded: bool):
+    """torch's runner for a model unpacked into `folder` (`unpack_model`), its weights read from the blob."""
+    import torch
+
     shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
-    if len(shared) != 1:
-        raise PackageError(f"{path} holds {len(shared)} shared objects for {name}, a package one: rebuild it")
     if device == "cuda":
         runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder), single_threaded)
     else:
@@ -339,9 +346,10 @@ class CheckedTransforms:
         return self.runner(images)
 
 
-def built_for(path: Path) -> dict[str, dict]:
-    """Each AOTI model's build metadata (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), from the archive."""
-    with zipfile.ZipFile(path) as archive:
+def built_for(package) -> dict[str, dict]:
+    """Each AOTI model's build metadata (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), from the archive (a path or
+    a `PackageFile`)."""
+    with open_archive(package) as archive:
         return {inner.split("/")[2]: json.loads(read_bounded(archive, entry, READ_LIMITS["wrapper_metadata.json"]))
                 for inner, entry in archive_entries(archive).items()
                 if inner.startswith("data/aotinductor/") and inner.endswith(".wrapper_metadata.json")}
@@ -364,18 +372,34 @@ def device_problem(built: dict[str, dict]) -> str | None:
     return None
 
 
-def load_aoti_runners(path: Path, graphed: tuple = ()) -> dict:
+def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs).
     torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe the CPU's vector ISA
     for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
     subprocesses: tens of seconds, for CUDA packages too. This takes under a second, and a failed load
-    leaves nothing behind (its folder is this process's)."""
-    built = built_for(path)
+    leaves nothing behind (its folder is this process's). Every model is unpacked from the package's open file,
+    and the file checked unchanged since it was opened (`PackageFile.check_unchanged`), before any of its native
+    code is loaded."""
+    if not isinstance(package, PackageFile):
+        with PackageFile(package) as opened:
+            return load_aoti_runners(opened, graphed)
+    built = built_for(package)
     problem = device_problem(built)
     if problem:
         raise PackageError(problem)
-    runners = {name: AotiRunner(path, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu", name in graphed)
-               for name in models_in(path, built)}
+    folders, runners = {}, {}
+    try:
+        for name in models_in(package.path, built):
+            folders[name] = unpack_model(package, name)
+        package.check_unchanged()
+        for name, folder in folders.items():  # each runner owns its folder from here
+            runners[name] = AotiRunner(folder, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu",
+                                       name in graphed)
+    except BaseException:
+        for name, folder in folders.items():
+            if name not in runners:
+                shutil.rmtree(folder, ignore_errors=True)
+        raise
     for name in SHARED_WEIGHT_PARTS:
         if name in runners:
             runners[name].read_weights_of(runners["model"])
@@ -405,12 +429,22 @@ def load_exported(path: Path, trust: bool = False) -> dict:
     if not fallback.is_file():
         raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
                            "rebuild it with `uv run doit package`")
-    check_package(fallback, trust=trust)
-    try:
-        programs = load_pt2(str(fallback)).exported_programs
-    except Exception as e:  # exported on a GPU, its weights want one too
-        raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
-                           f"use {path.name} where it was built ({_built_for(path)})") from None
+    with PackageFile(fallback) as opened:  # what is checked is what loads
+        check_package(opened, trust=trust)
+        for attempt in (1, 2):
+            try:
+                opened.file.seek(0)
+                programs = load_pt2(opened.file).exported_programs
+            except Exception as e:  # exported on a GPU, its weights want one too
+                raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
+                                   f"use {path.name} where it was built ({_built_for(path)})") from None
+            try:
+                opened.check_unchanged()
+                break
+            except PackageChanged:
+                if attempt == 2:
+                    raise
+                opened.recheck()
     missing = [n for n in MODEL_NAMES if n not in programs]  # the parts, where its metadata names them: load_package
     if missing:
         raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
@@ -439,16 +473,28 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     if not path.is_file():
         raise PackageError(f"no package at {path}: build it with `uv run doit package`")
     fallback_reason, aoti, exported = None, {}, {}
-    check_package(path, trust=trust, digest=sha256)
-    extra = read_extra_files(path)
-    metadata = parse_metadata(extra.get(METADATA_FILE, "{}"), path)
-    graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
-    if prefer_aoti:
-        try:
-            aoti = load_aoti_runners(path, graphed=("model", *PART_NAMES) if graphs else ())
-        except Exception as e:  # a package built for another device/ABI: use the exported programs
-            fallback_reason = first_line(e)
-            log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
+    with PackageFile(path) as package:  # checked, then read through the same open file
+        check_package(package, trust=trust, digest=sha256)
+        for attempt in (1, 2):
+            try:
+                extra = read_extra_files(package)
+                metadata = parse_metadata(extra.get(METADATA_FILE, "{}"), path)
+                graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
+                if prefer_aoti:
+                    try:
+                        aoti = load_aoti_runners(package, graphed=("model", *PART_NAMES) if graphs else ())
+                    except PackageChanged:
+                        raise
+                    except Exception as e:  # a package built for another device/ABI: use the exported programs
+                        fallback_reason = first_line(e)
+                package.check_unchanged()
+                break
+            except PackageChanged:
+                if attempt == 2:
+                    raise
+                package.recheck()  # the open file, copied and checked again: read from the copy
+    if fallback_reason:
+        log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
         exported = load_exported(path, trust)
     names = models_of(metadata)

@@ -28,7 +28,14 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _alive(owner: str) -> bool:
+def owner_tag() -> str:
+    """`<pid>-<start time>` of this process: what names a temporary it owns, so a later process can tell a dead
+    owner's (`alive`)."""
+    return f"{os.getpid()}-{_start_time(os.getpid()) or 'none'}"
+
+
+def alive(owner: str) -> bool:
+    """Whether the process an `owner_tag` names still runs (anything not such a tag counts as alive: left alone)."""
     pid, _, start = owner.partition("-")
     if not pid.isdigit():
         return True  # not one of ours: left alone
@@ -43,7 +50,7 @@ def _alive(owner: str) -> bool:
 
 def sweep(root: Path) -> list[Path]:
     """Remove the folders of processes that are gone; returns them."""
-    gone = [p for p in root.iterdir() if p.is_dir() and not _alive(p.name)] if root.is_dir() else []
+    gone = [p for p in root.iterdir() if p.is_dir() and not alive(p.name)] if root.is_dir() else []
     for folder in gone:
         shutil.rmtree(folder, ignore_errors=True)
     return gone
@@ -53,7 +60,7 @@ def sweep(root: Path) -> list[Path]:
 def process_folder() -> Path:
     """This process's own temporary folder, made on first use (dead owners' folders swept then)."""
     root = cache_dir() / "tmp"
-    folder = root / f"{os.getpid()}-{_start_time(os.getpid()) or 'none'}"
+    folder = root / owner_tag()
     try:
         root.mkdir(parents=True, exist_ok=True)
         sweep(root)
