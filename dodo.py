@@ -47,7 +47,7 @@ def task_weights():
 
 def task_export():
     return stage_task("export", "torch.export model + transforms with dynamic batch/prompts; re-run at new shapes",
-                      PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
+                      PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest, PATHS.exported_portable])
 
 
 def task_tune():
@@ -75,7 +75,8 @@ def task_compile():
 
 def task_package():
     return stage_task("package", "Compiled code + current weights (one copy) -> sam3.pt2; exported fallback beside it",
-                      [PATHS.compiled_index, PATHS.exported, PATHS.program_digest, PATHS.tokenizer_merges,
+                      [PATHS.compiled_index, PATHS.exported, PATHS.exported_portable, PATHS.program_digest,
+                       PATHS.tokenizer_merges,
                        *PATHS.checkpoint_files],
                       [PATHS.package, PATHS.fallback_package, *map(digest_file, [PATHS.package, PATHS.fallback_package])])
 

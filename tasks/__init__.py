@@ -29,7 +29,7 @@ from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
-from tasks.runs import RUNNING, die_with_parent, low_disk, may_write_now  # noqa: E402
+from tasks.runs import RUNNING, die_with_parent, kill_group, low_disk, may_write_now, record_stage_group  # noqa: E402
 
 SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
@@ -186,6 +186,7 @@ def run_stage(name: str):
                             preexec_fn=die_with_parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace")
     RUNNING.append((name, proc))  # the probe runs beside the compile: both get a Ctrl-C
+    record_stage_group(proc.pid)  # a session of its own: its group is the stage's pid
     raw = 0
     try:
         with open(raw_log, "w") as other:
@@ -199,6 +200,7 @@ def run_stage(name: str):
         returncode = proc.wait()
     finally:
         RUNNING.remove((name, proc))
+        kill_group(proc.pid)  # nothing of the stage outlives it (a worker it did not stop, a compiler)
     if returncode == 0:
         return None
     how = f"exit {returncode}" if returncode > 0 else f"killed by {signal.Signals(-returncode).name}"

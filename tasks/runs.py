@@ -39,19 +39,69 @@ def doit_command(argv: list[str]) -> str:
 
 
 def hold_lock(root: Path) -> None:
-    """Take `root/.lock` for this process, or stop with one line naming the process that holds it."""
+    """Take `root/.lock` for this process, or stop with one line naming the process that holds it. Whatever a
+    killed run's stages left running (their process groups, which the lock file lists) is killed first: the
+    lock covers a run's stages and their workers, not only doit."""
     handle = open(root / ".lock", "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        holder = handle.read().strip() or "another process"
+        holder = (handle.read().strip().splitlines() or ["another process"])[0]
         sys.exit(f"sam3-aoti: doit ({holder}) is already building {root}: wait for it to finish, or stop it")
     handle.seek(0)
+    for line in handle.read().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "stage-group" and words[1].isdigit():
+            kill_group(int(words[1]), root)
+    handle.seek(0)
     handle.truncate()
-    handle.write(f"pid {os.getpid()}")
+    handle.write(f"pid {os.getpid()}\n")
     handle.flush()
     _held.append(handle)
+
+
+def record_stage_group(pgid: int) -> None:
+    """A stage's process group, in the lock file while the stage runs: a next run kills what is left of it."""
+    if _held:
+        _held[0].write(f"stage-group {pgid}\n")
+        _held[0].flush()
+
+
+def kill_group(pgid: int, root: Path | None = None, wait_s: float = 10.0) -> None:
+    """SIGKILL what is left of a stage's process group (its compile workers, their compilers) and wait until it
+    is gone. With `root`, only a group whose processes are this variant's stages (their environment names its
+    Inductor cache): a pid reused since is someone else's."""
+    if root is not None and not any(_is_stage_of(pid, root) for pid in _members(pgid)):
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + wait_s
+    while _members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _members(pgid: int) -> list[int]:
+    """The live processes of a process group (Linux /proc; zombies are gone already)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[2] == str(pgid) and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _is_stage_of(pid: int, root: Path) -> bool:
+    try:
+        return str(root.resolve()).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
 
 
 def remove_stale_temporaries(root: Path) -> list[Path]:
@@ -115,6 +165,7 @@ def interrupted(signum, frame) -> None:
             proc.wait(timeout=120)
         except Exception:
             proc.kill()
+        kill_group(proc.pid)  # and whatever of it is left: its workers, their compilers
     sys.stderr.write(f"sam3-aoti: interrupted{during}; finished stages are kept: `uv run doit` goes on from there\n")
     sys.stderr.flush()
     os._exit(130)

@@ -139,7 +139,7 @@ class S3Server:
     def url(self, prefix: str = "cache") -> str:
         return f"s3://{self.bucket}/{prefix}"
 
-    def start(self, read_only: bool = False) -> "S3Server":
+    def start(self) -> "S3Server":
         import socket
         import time
 
@@ -148,7 +148,6 @@ class S3Server:
         self.proc = subprocess.Popen([rclone, "serve", "s3", "--config", "/dev/null", "--addr",
                                       f"127.0.0.1:{self.port}", "--auth-key", f"{self.key},{self.secret}",
                                       "--server-read-timeout", "60s", "--server-write-timeout", "60s",
-                                      *(["--read-only"] if read_only else []),
                                       "-v", str(self.data)],  # sees what a test alters
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
         deadline = time.monotonic() + 30

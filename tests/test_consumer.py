@@ -206,3 +206,50 @@ def test_the_runtimes_exported_fallback_runs_the_projects_ops_without_the_build(
         ours = package.model(package.transforms(images), token_ids)
     for theirs, mine in zip(result["outputs"], ours):
         torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)
+
+
+TORCH_ONLY = textwrap.dedent("""
+    import importlib.util, sys
+    import torch
+    from torch.export.pt2_archive._package import load_pt2
+
+    assert importlib.util.find_spec("sam3_aoti") is None and importlib.util.find_spec("transformers") is None
+    path, inputs_path, out_path = sys.argv[1:]
+    programs = load_pt2(path).exported_programs  # the production loader's second choice, by hand
+    images, token_ids = torch.load(inputs_path)
+    with torch.no_grad():
+        outputs = programs["model"].module()(programs["transforms"].module()(images), token_ids)
+    torch.save({"programs": sorted(programs), "outputs": [o.clone() for o in outputs]}, out_path)
+""")
+
+
+def test_the_exported_fallback_loads_where_torch_alone_is_installed(package_path, tmp_path):
+    """A venv with torch and nothing of this project (torch's site-packages on its path, not processed, so the
+    project's editable install is not there): torch's own `load_pt2` reads `sam3.exported.pt2` and its model
+    runs, giving what the package gives. The export stage's own programs (the project's custom ops in them, what
+    the AOTI compile reads) do not load there: what the fallback was before."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    (site / "torch_only.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = tmp_path / "venv" / "bin" / "python"
+    images, token_ids = torch.rand(1, 3, 90, 120) * 255, encode_prompts(["a person", "a rocket"])
+    torch.save((images, token_ids), tmp_path / "inputs.pt")
+    (tmp_path / "torch_only.py").write_text(TORCH_ONLY)
+    env = clean_env()
+    fallback = package_path.with_name("sam3.exported.pt2")
+    proc = subprocess.run([str(python), "torch_only.py", str(fallback), "inputs.pt", "out.pt"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert {"model", "transforms", "decode"} <= set(result["programs"])
+    package = load_package(package_path)
+    with torch.no_grad():
+        ours = package.model(package.transforms(images), token_ids)
+    for theirs, mine in zip(result["outputs"], ours):
+        torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)
+    with_custom_ops = package_path.parent.parent / "export" / "programs.pt2"
+    proc = subprocess.run([str(python), "torch_only.py", str(with_custom_ops), "inputs.pt", "out.pt"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "sam3_aoti" in proc.stderr

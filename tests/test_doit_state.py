@@ -216,3 +216,38 @@ def test_no_file_under_artifacts_names_the_checkout(built_repo):
              if p.is_file() and p.suffix in (".env", ".json") and "inductor-cache" not in p.parts
              and str(built_repo) in p.read_text(errors="replace")]
     assert named == []
+
+
+def processes_of(repo: Path) -> list[int]:
+    """The processes whose environment names this checkout: doit, its stages, their workers and compilers."""
+    marker, found = str(repo.resolve()).encode(), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in Path(entry.path, "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_compile_leaves_no_worker_behind(own_build, how):
+    """Ctrl-C, or SIGKILL of doit, while AOTInductor's workers compile: nothing of the run is left a few seconds
+    later (before, the workers compiled on for minutes and wrote into the variant's folder after the next run
+    had cleared its temporaries)."""
+    source = own_build / "src" / "sam3_aoti" / "aoti" / "compile.py"
+    source.write_text(source.read_text() + "\n# an edit: compile runs\n")
+    proc = start_doit(own_build, "device=cpu")
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if "AOTInductor compiling" in line or time.monotonic() > deadline:
+            break
+    time.sleep(5)  # the workers are spawned and at work
+    assert len(processes_of(own_build)) >= 3, "doit, its compile stage and a worker should be running"
+    os.killpg(proc.pid, how)
+    proc.communicate(timeout=180)
+    deadline = time.monotonic() + 20
+    while processes_of(own_build) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(own_build) == []

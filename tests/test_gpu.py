@@ -85,7 +85,7 @@ def check_cuda_graphs(path):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"B={b} P={p}")
     assert graphed.graph_runner.failed is None, graphed.graph_runner.failed
     assert graphed.graph_runner.captures == 3 and len(graphed.graph_runner.graphs) == 2
-    if graphed.parts:  # text and boxes: one graph of the four parts, equal to the parts without graphs
+    if graphed.parts:  # text and boxes through the graphed parts, equal to the parts without graphs
         from sam3_aoti.model.exporting import example_boxes
 
         for b, p in [(1, 1), (2, 3)]:
@@ -93,8 +93,8 @@ def check_cuda_graphs(path):
             boxes = example_boxes(b, 3, seed=b, device="cuda")
             for got, want in zip(graphed.model_with_boxes(*args, *boxes), plain.model_with_boxes(*args, *boxes)):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"boxes B={b} P={p}")
-        with_boxes = graphed.runners["model_with_boxes"].graph_runner
-        assert with_boxes.failed is None and with_boxes.captures == 2, with_boxes.failed
+        encode_boxes = graphed.runners["encode_boxes"].graph_runner
+        assert encode_boxes.failed is None and encode_boxes.captures == 2, encode_boxes.failed
 
 
 @pytest.mark.gpu

@@ -3,6 +3,8 @@
 // the output shapes and the top score (sigmoid(pred_logits) * sigmoid(presence_logit_dec)).
 // Token ids are CLIP BPE ids (start 49406, end 49407, pad 0; the package's metadata.json has the constants):
 // tokenize in your service, or with `sam3_aoti.encode_prompts`. The default is "a dog".
+// It checks no digest: a service copies the package into a folder only it can write, compares the copy's
+// sha256 with the digest it trusts, and loads the copy (docs/package.md, "From C++").
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/torch.h>
 

@@ -81,6 +81,18 @@ def dense_mask(mask: torch.Tensor, dtype: torch.dtype, query_len: int, key_len: 
     return attention.aligned_rows(mask.to(dtype).expand(mask.shape[0], mask.shape[1], query_len, key_len))
 
 
+def static_keys(key, value, attention_mask):
+    """A key count export sees as dynamic (the exemplar boxes' geometry tokens attending to each other) padded to
+    its static upper bound, rounded up to MASK_ROW_ALIGN, the padding masked out: the mask's last dimension is
+    then a number, not `keys + -keys % 8`, which the memory-efficient kernel's own padding of an unaligned mask
+    would make export guard on (it failed the tiny CUDA build). Masked keys weigh nothing."""
+    keys = key.shape[2]
+    pad = attention._aligned_bound(keys) - keys
+    masked = False if attention_mask.dtype == torch.bool else torch.finfo(attention_mask.dtype).min
+    attention_mask = F.pad(attention_mask.expand(*attention_mask.shape[:-1], keys), (0, pad), value=masked)
+    return F.pad(key, (0, 0, 0, pad)), F.pad(value, (0, 0, 0, pad)), attention_mask
+
+
 def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention interface, on SDPA for masked attentions (`dense_mask` gives the layout).
 
@@ -89,6 +101,8 @@ def dense_mask_sdpa(module, query, key, value, attention_mask, dropout=0.0, scal
     every later use of the text masks the padding), and it lets the flash and cuDNN kernels take it."""
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     dtype = getattr(module, "attention_dtype", query.dtype)  # set by `mixed_precision.attention_in`
+    if not (causal or attention_mask is None or isinstance(key.shape[2], int)):
+        key, value, attention_mask = static_keys(key, value, attention_mask)
     mask = None if causal or attention_mask is None else dense_mask(attention_mask, dtype, query.shape[2],
                                                                      key.shape[2])
     out = F.scaled_dot_product_attention(query.to(dtype), key.to(dtype), value.to(dtype), attn_mask=mask,

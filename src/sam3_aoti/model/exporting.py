@@ -75,6 +75,32 @@ def export_parts(wrapper, example) -> dict:
     return programs
 
 
+def custom_ops_in(program) -> set[str]:
+    """The project's own ops (`sam3_aoti::...`) a program calls: what a loader without this project lacks."""
+    return {str(node.target) for node in program.graph.nodes
+            if node.op == "call_function" and str(node.target).startswith("sam3_aoti.")}
+
+
+def portable(programs: dict) -> dict:
+    """The programs with `sam3_aoti::attention` and `sam3_aoti::box_bias_mlp` written out as the torch ops they
+    compute (their reference forms, what they run off CUDA): the fallback then deserializes where only torch is
+    installed (the kernels are the AOTI models' business). Programs without them stay as they are."""
+    import torch
+
+    from ..runtime import attention, box_bias
+
+    table = {torch.ops.sam3_aoti.attention.default: attention.reference,
+             torch.ops.sam3_aoti.box_bias_mlp.default:
+                 lambda deltas, w1, b1, w2, b2: box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous()}
+    out = {}
+    for name, program in programs.items():
+        out[name] = program.run_decompositions(table) if custom_ops_in(program) else program
+        if left := custom_ops_in(out[name]):
+            raise ExportError(f"{name} still calls {sorted(left)} after writing out the custom ops: add them to "
+                              "model.exporting.portable")
+    return out
+
+
 def composed(programs: dict):
     """`decode(*encode_image(images), *encode_text(token_ids))` through the exported parts."""
     from ..model.grounding import DECODE_IMAGE_INPUTS

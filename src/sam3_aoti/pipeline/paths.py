@@ -113,6 +113,12 @@ class ProfilePaths:
         return self.root / "export" / "programs.pt2"
 
     @property
+    def exported_portable(self) -> Path:
+        """The same programs with this project's custom ops written out in torch ops (`exporting.portable`):
+        the package's fallback, which loads where torch alone is installed."""
+        return self.root / "export" / "programs.portable.pt2"
+
+    @property
     def program_digest(self) -> Path:
         """What the compiled code depends on: graphs, signatures, weight layouts; not the weights' values."""
         return self.root / "export" / "program.json"

@@ -173,7 +173,7 @@ class Cache:
                 if progress and (size > 1 << 28 or time.monotonic() - last > 5):
                     progress(f"uploading {rel} ({size / 2**20:.0f} MB)")
                     last = time.monotonic()
-                self.store.upload(path, blob_path(digest))
+                self.store.upload(path, blob_path(digest), digest)
         return outputs
 
     def _sign(self, record: dict) -> bytes:

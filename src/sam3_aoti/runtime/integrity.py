@@ -90,11 +90,16 @@ class PackageFile:
         fd, name = tempfile.mkstemp(suffix=".pt2", dir=process_folder())
         os.unlink(name)
         digest = hashlib.sha256()
-        with os.fdopen(os.dup(fd), "wb") as copy:
-            self.file.seek(0)
-            while block := self.file.read(1 << 24):
-                digest.update(block)
-                copy.write(block)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as copy:
+                self.file.seek(0)
+                while block := self.file.read(1 << 24):
+                    digest.update(block)
+                    copy.write(block)
+        except OSError as e:
+            os.close(fd)
+            raise PackageError(f"cannot copy {self.path} into {process_folder()} to check it ({e.strerror}): free "
+                               "space there, or set SAM3_AOTI_CACHE to a folder with room") from None
         self.file.close()
         self.file, self.copied = os.fdopen(fd, "rb"), True
         self.opened = os.fstat(fd)

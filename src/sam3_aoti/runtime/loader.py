@@ -43,10 +43,7 @@ class Sam3Package:
     def exported_only(self) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it)."""
         exported = self.exported or load_exported(self.path)
-        runners = {name: exported[name].module() for name in models_of(self.metadata)}
-        if set(PART_NAMES) <= set(runners):
-            runners["model_with_boxes"] = WithBoxes(runners)
-        runners = checked(runners, self.metadata)
+        runners = checked({name: exported[name].module() for name in models_of(self.metadata)}, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
                            self.path, self.fallback_reason, exported, "off: exported programs")
 
@@ -113,13 +110,10 @@ class Sam3Package:
 
     def model_with_boxes(self, images, token_ids, boxes, labels=None):
         """`model(images, token_ids)` with exemplar boxes on every image (`encode_boxes` says what they are):
-        encode_image, encode_text, encode_boxes and decode in one call, one CUDA graph on a GPU (`WithBoxes`)."""
-        import torch
-
-        self._part("encode_boxes")
-        if labels is None and isinstance(boxes, torch.Tensor):
-            labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
-        return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
+        encode_image, encode_boxes and decode in one call. Each part replays a CUDA graph of its own: one graph
+        of all of them measured no faster on the H200 (`benchmarks/README.md`, "Exemplar boxes")."""
+        features = self.encode_image(images)
+        return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
 
     def decode_chunked(self, features, texts: list, exemplars=None):
         """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
@@ -263,36 +257,6 @@ class CheckedModel:
         check_images(images, self.device, self.side)
         check_token_ids(token_ids, self.device, self.context, self.vocab)
         return self.runner(images, token_ids)
-
-
-class WithBoxes:
-    """Text and exemplar boxes in one call: encode_image, encode_text, encode_boxes and decode of the package's
-    own runners. On a GPU it is captured as one CUDA graph (`load_package`), so the image features pass
-    between the parts in the graph's memory, and the call is one replay, not four with their features copied
-    in and out of each part's graph: the three-part path cost 0.7 ms more than `model` on the H200 at 1 x 1
-    (`benchmarks/README.md`, "Exemplar boxes"). One graph of the parts, not a fourth compiled model: a
-    whole-model compile more for each package, for the fusion across two boundaries that is left."""
-
-    def __init__(self, runners: dict):
-        self.encode_image, self.encode_text, self.encode_boxes, self.decode = (
-            runners[name] for name in ("encode_image", "encode_text", "encode_boxes", "decode"))
-
-    def __call__(self, images, token_ids, boxes, labels):
-        features = self.encode_image(images)
-        geometry = self.encode_boxes(features[6], features[3], boxes, labels)  # fpn_level2, position
-        return self.decode(*features[:4], *geometry, *self.encode_text(token_ids))
-
-
-class CheckedWithBoxes(CheckedModel):
-    """`model_with_boxes(images, token_ids, boxes, labels)` with one-line errors before native code runs."""
-
-    def __call__(self, images, token_ids, boxes, labels):
-        from .exemplars import check_boxes
-
-        check_images(images, self.device, self.side)
-        check_token_ids(token_ids, self.device, self.context, self.vocab)
-        check_boxes(boxes, labels, images.shape[0], self.device)
-        return self.runner(images, token_ids, boxes, labels)
 
 
 class CheckedPart:
@@ -505,10 +469,8 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     runners = {name: aoti[name] if name in aoti else exported[name].module() for name in names}
     backends = {name: "aoti" if name in aoti else "exported" for name in names}
     state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
-    if set(PART_NAMES) <= set(runners):
-        runners["model_with_boxes"] = WithBoxes(runners)  # of the parts' own runners, not of their graphs
     if state == "on":
-        for name in ("model", *PART_NAMES, "model_with_boxes"):
+        for name in ("model", *PART_NAMES):
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
@@ -526,6 +488,4 @@ def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: boo
 
 def checked(runners: dict, metadata: dict) -> dict:
     return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata),
-            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners},
-            **({"model_with_boxes": CheckedWithBoxes(runners["model_with_boxes"], metadata)}
-               if "model_with_boxes" in runners else {})}
+            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners}}

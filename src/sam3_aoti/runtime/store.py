@@ -160,8 +160,10 @@ class Store:
     def write(self, rel: str, data: bytes) -> None:
         self._put(rel, "write", lambda path: self.fs.pipe_file(path, data))
 
-    def upload(self, source: Path, rel: str) -> None:
-        self._put(rel, "upload", lambda path: self.fs.put_file(str(source), path))
+    def upload(self, source: Path, rel: str, sha256: str | None = None) -> None:
+        """`source` to `rel`; on S3 with its sha256 in the object's metadata, which `holds` compares."""
+        extra = {"Metadata": {"sha256": sha256}} if sha256 and self.protocol in ("s3", "s3a") else {}
+        self._put(rel, "upload", lambda path: self.fs.put_file(str(source), path, **extra))
 
     def _put(self, rel: str, what: str, put) -> None:
         """`put(path)` whole or not at all: into a folder through a temporary name renamed into place (two
@@ -187,10 +189,16 @@ class Store:
                 os.unlink(tmp)
 
     def holds(self, rel: str, sha256: str, size: int) -> bool:
-        """Whether `rel` is there with this content: re-hashed in a folder store (a blob damaged in place is
-        then replaced by the next push); an object store's object by its size."""
+        """Whether `rel` is there with this content, so that a blob damaged in place is replaced by the next
+        push: re-hashed in a folder store; on S3 by the sha256 its upload put in the object's metadata (an
+        object written by anything else, or before, has none: uploaded again); other stores by size."""
         if self.size(rel) != size:
             return False
+        if self.protocol in ("s3", "s3a"):
+            try:
+                return self.fs.metadata(self._path(rel)).get("sha256") == sha256
+            except Exception as e:
+                raise self._fail("look up", rel, e) from None
         if not self.local:
             return True
         digest = hashlib.sha256()

@@ -1,6 +1,10 @@
 """Stage `compile`: AOTInductor-compile every exported program into code that holds no weights, each in a
 process of its own (several at once on a machine with the cores for it).
 
+The workers die with the stage: each asks the kernel to kill it when the stage process ends (however it ends),
+and a stage that stops early (an error, Ctrl-C) kills them rather than waiting for their compiles; doit kills
+what is left of a stage's process group, and a next run kills what a killed run left (`tasks.runs`).
+
 The compiled files depend on the program digest (graphs, signatures, weight layouts), never on the
 weights' values: every tensor stays a constant of the model (none is inlined into a kernel) and the
 constants live in a separate blob, which the `package` stage rebuilds from whatever weights the exported
@@ -12,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -36,6 +42,25 @@ def compile_workers(models: int, program_bytes: int, cores: int | None = None, m
     return max(1, min(models, cores // 4, memory // (3 * max(program_bytes, 1))))
 
 
+def die_with(parent: int) -> None:
+    """A worker's initializer: be killed when the stage process (`parent`) ends, however it ends (Linux's
+    PR_SET_PDEATHSIG); if it already has, end now."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def kill_workers() -> None:
+    """The stage stops early: its workers are killed, not waited for (a compile takes minutes)."""
+    for worker in multiprocessing.active_children():
+        worker.kill()
+
+
 def inductor_cache() -> Path:
     """Inductor's cache folder without importing torch (doit sets it for every stage), so that the workers'
     imports and program loads start at once."""
@@ -44,6 +69,23 @@ def inductor_cache() -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return Path(cache_dir())
+
+
+class stopping_kills_workers:
+    """`with` the pool: shut down as usual after success; killed on anything else (KeyboardInterrupt included)."""
+
+    def __init__(self, pool: ProcessPoolExecutor):
+        self.pool = pool
+
+    def __enter__(self) -> ProcessPoolExecutor:
+        return self.pool
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is not None:
+            kill_workers()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            self.pool.shutdown()
 
 
 def run(settings: Settings) -> None:
@@ -67,7 +109,8 @@ def run(settings: Settings) -> None:
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     names = compiled_names(program_names(paths.exported))
     workers = compile_workers(len(names), weights)  # a worker holds at most the whole archive
-    with atomic_output(paths.compiled) as tmp, ProcessPoolExecutor(workers, get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(workers, get_context("spawn"), initializer=die_with, initargs=(os.getpid(),))
+    with atomic_output(paths.compiled) as tmp, stopping_kills_workers(pool):
         log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),
                  settings.device, workers)
         jobs = {pool.submit(compile_program, str(paths.exported), name, inductor, sdpa_backends, str(tmp / name)): name

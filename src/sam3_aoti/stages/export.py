@@ -15,7 +15,8 @@ import zipfile
 from pathlib import Path
 
 from ..errors import ExportError, first_line
-from ..model.exporting import composed, composed_with_boxes, example_boxes, export_model, export_parts, export_transforms
+from ..model.exporting import (composed, composed_with_boxes, example_boxes, export_model, export_parts,
+                               export_transforms, portable)
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -114,7 +115,16 @@ def run(settings: Settings) -> None:
     changed = write_if_changed(paths.program_digest, json.dumps(digest, indent=2, sort_keys=True) + "\n")
     log.info("program digest %s (%s)", digest["sha256"][:12],
              "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
-    record(paths.manifest, "export", [paths.exported, paths.program_digest], {
+    t0 = time.perf_counter()
+    fallback = portable(programs)
+    args = example_inputs(config, opts["check_batch"], opts["check_prompts"], seed=2, device=device)
+    diff = check_against_eager("model (portable)", fallback["model"].module(), wrapper, args, atol)
+    with atomic_output(paths.exported_portable) as tmp:
+        save_programs(fallback, tmp)
+    log.info("the fallback, custom ops written in torch ops (loads with torch alone), in %.1f s: %s (%s; max "
+             "|portable - eager| = %.3g)", time.perf_counter() - t0, paths.exported_portable.name,
+             human_size(paths.exported_portable.stat().st_size), diff)
+    record(paths.manifest, "export", [paths.exported, paths.program_digest, paths.exported_portable], {
         "export_seconds": round(export_s, 2), "image_size": image_size, **settings.fingerprint("export"),
     })
 

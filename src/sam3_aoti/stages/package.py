@@ -160,7 +160,7 @@ def check_aoti_loads(path: Path) -> None:
 
 
 def link_or_copy(source: Path, target: Path) -> None:
-    """The fallback is the export stage's archive as it is: a hard link where the filesystem allows."""
+    """The fallback is the export stage's portable archive as it is: a hard link where the filesystem allows."""
     try:
         os.link(source, target)
     except OSError:
@@ -180,7 +180,7 @@ def run(settings) -> None:
     check_free_space({paths.package.parent: 2 * weights + (10 << 20)}, "package")  # the blob, then the archive
     t0 = time.perf_counter()
     with atomic_output(paths.fallback_package) as tmp:
-        link_or_copy(paths.exported, tmp)
+        link_or_copy(paths.exported_portable, tmp)
     write_digest(paths.fallback_package)
     check_shares_weights(paths.exported, index, [n for n in SHARED_WEIGHT_PARTS if n in index["models"]])
     with atomic_output(paths.package) as tmp:
