@@ -101,6 +101,11 @@ def task_bench():
                       [PATHS.package, PATHS.fallback_package], [PATHS.bench_json, PATHS.bench_md, PATHS.bench_plot])
 
 
+def task_throughput():
+    return stage_task("throughput", "sam3-aoti segment over a folder of photographs on Ray Data: images/s against bench's 16 x 1, GPU busy share (not in the default run)",
+                      [PATHS.package], [PATHS.throughput_json, PATHS.throughput_md])
+
+
 def task_parity():
     return stage_task("parity", "Package vs Meta's own SAM3 on the cases (GPU, profile=sam3, fp32 or bf16; needs the sam3 package)",
                       [PATHS.package, *PATHS.checkpoint_files, DEFAULT_CASES], [PATHS.parity_json, PATHS.parity_md])

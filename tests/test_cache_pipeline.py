@@ -115,3 +115,29 @@ def test_a_new_seed_substitutes_the_compiled_code_and_pushes_its_package(own_bui
     new, old = (r / TINY / "package/sam3.pt2" for r in (node, built_repo))
     assert new.read_bytes() != old.read_bytes()  # other weights, the same compiled code
     assert (node / TINY / "compiled/index.json").read_bytes() == (built_repo / TINY / "compiled/index.json").read_bytes()
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("missing bucket", "the bucket no-such-bucket does not exist: make it"),
+    ("closed port", "Could not connect to the endpoint URL"),
+    ("blocked folder", "(NotADirectoryError"),
+])
+def test_doit_push_faults_are_one_line_and_leave_the_build_standing(own_build, s3_server, tmp_path, fault, words):
+    """`doit push` itself against a store that cannot take it: the task fails with one line naming the fault
+    (doit's exit code for a failed task, 1), no traceback, and the build is still up to date."""
+    subprocess.run([sys.executable, "-m", "sam3_aoti", "cache", "keygen", "builder-a", "--out",
+                    str(tmp_path / "builder-a.key")], capture_output=True, text=True, check=True)
+    env = {**s3_server.env, "SAM3_AOTI_SIGNING_KEY": str(tmp_path / "builder-a.key")}
+    url = "s3://no-such-bucket/cache"
+    if fault == "closed port":
+        url, env["AWS_ENDPOINT_URL"] = s3_server.url("fleet-cache"), "http://127.0.0.1:9"
+    elif fault == "blocked folder":
+        (tmp_path / "store").mkdir()
+        (tmp_path / "store" / "blobs").write_text("a file where the store's folder goes")
+        url = f"file://{tmp_path / 'store'}"
+    proc = run_doit(own_build, "push", f"cache={url}", env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    failed = [line for line in out.splitlines() if "push failed after nothing" in line]
+    assert len(failed) == 1 and words in failed[0], out[-3000:]
+    assert stale(own_build) & {"export", "compile", "package", "verify"} == set()

@@ -98,12 +98,14 @@ def test_the_architecture_page_names_every_module():
 
 def test_importing_the_runtime_loads_nothing_of_the_build():
     """In the checkout's environment, where transformers and doit are installed: the runtime and the public API
-    import none of them, and none of the build's layers (import-linter proves it for every runtime module, the
-    torch-importing ones too; this runs the torch-free ones, quickly)."""
+    import none of them, nor the `batch` extra (Ray, pyarrow, pycocotools: only a `segment` run imports them),
+    and none of the build's layers (import-linter proves it for every runtime module, the torch-importing ones
+    too; this runs the torch-free ones, quickly)."""
     probe = ("import sys, sam3_aoti.runtime, sam3_aoti.runtime.loader, sam3_aoti.runtime.cli, sam3_aoti.runtime.info, "
-             "sam3_aoti.runtime.images; from sam3_aoti import load_package, "
+             "sam3_aoti.runtime.images, sam3_aoti.runtime.segment; from sam3_aoti import load_package, "
              "encode_prompts, archive_info; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('transformers', 'doit', 'skimage', 'huggingface_hub', 'safetensors') or m.split('.')[:2] in "
+             "('transformers', 'doit', 'skimage', 'huggingface_hub', 'safetensors', 'ray', 'pyarrow', 'pycocotools') "
+             "or m.split('.')[:2] in "
              "[['sam3_aoti', n] for n in ('pipeline', 'model', 'aoti', 'toolchain', 'stages')]))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src")})

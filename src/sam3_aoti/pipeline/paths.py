@@ -205,6 +205,14 @@ class ProfilePaths:
         return self.root / "bench" / "bench.png"
 
     @property
+    def throughput_json(self) -> Path:
+        return self.root / "throughput" / "throughput.json"
+
+    @property
+    def throughput_md(self) -> Path:
+        return self.root / "throughput" / "throughput.md"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 

@@ -176,6 +176,12 @@ SCHEMA = {
         "load_times": (*_flag(), REQUIRED),
         "model_parts": (*_choice("compiled", "eager", "off"), OPTIONAL),
     }, REQUIRED),
+    "throughput": ({
+        "images": (*_int(1, 1_000_000), REQUIRED),
+        "min_side": (*_int(2, 10_000), REQUIRED),
+        "prompt": ((lambda v: isinstance(v, str) and v.strip() != ""), "a noun phrase", REQUIRED),
+        "batch_size": (*_int(1, 1024), REQUIRED),
+    }, OPTIONAL),
     "parity": ({"tolerances": ({"*": (PARITY_PRECISIONS, PARITY_TOLERANCES)}, REQUIRED)}, REQUIRED),
     "render": ({
         "score_threshold": (*UNIT, REQUIRED),

@@ -1,6 +1,7 @@
 """`sam3-aoti predict PACKAGE --image FILE --prompt TEXT ... [--box X0,Y0,X1,Y1 ...]` runs a built package on one image;
 `sam3-aoti info PACKAGE [--json]` says what a package holds; `sam3-aoti pull URL REF DEST` fetches a verified
-package by a signed ref from a binary cache; `sam3-aoti cache keygen NAME --out KEYFILE` makes a signing key.
+package by a signed ref from a binary cache; `sam3-aoti cache keygen NAME --out KEYFILE` makes a signing key;
+`sam3-aoti segment COLLECTION --package PACKAGE --prompt TEXT --output DIR` runs one over many images on Ray Data.
 
 predict: tokenize (the archive's own vocabulary), `transforms`, `model` (a split package with more than 16 prompts:
 the image encoded once, the prompts decoded 16 at a time), scores = sigmoid(logit) *
@@ -21,6 +22,7 @@ from ..errors import PackageError, Sam3AotiError, first_line
 from .contract import NEGATIVE, POSITIVE
 from .exemplars import parse_box
 from .images import read_image
+from .inference import package_device
 
 
 def check_output(output: Path) -> list[Path]:
@@ -39,19 +41,6 @@ def check_output(output: Path) -> list[Path]:
     if not os.access(output.parent, os.W_OK | os.X_OK):
         raise PackageError(f"{output.parent} is not writable: pass another --output")
     return created
-
-
-def package_device(metadata: dict) -> str:
-    import torch
-
-    device = metadata.get("device", "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise PackageError("this package was compiled for cuda but no GPU is usable here: "
-                           "run on a GPU machine or build with device=cpu")
-    return device
-
-
-PROMPT_CHUNK = 16  # prompts decoded at once by a split package: bounds the per-pair memory of long class lists
 
 
 def predict(package_path: Path, image_path: Path, prompts: list[str], threshold: float, output: Path,
@@ -77,6 +66,7 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
 
     from .contract import VISUAL_PROMPT
     from .exemplars import normalized_boxes
+    from .inference import run_prompts
     from .loader import load_package
     from .postprocess import instances, overlay, to_tensor
 
@@ -91,16 +81,13 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
     with torch.inference_mode():
         pixels = package.transforms(to_tensor(image, device))
         token_ids = package.encode_prompts(prompts).to(device)
-        if exemplars is not None or (package.parts and len(prompts) > PROMPT_CHUNK):
-            features = package.encode_image(pixels)  # the image encoded once, the prompts a chunk at a time
-            if exemplars is not None:
-                source = features if exemplar_image is None else package.encode_image(
-                    package.transforms(to_tensor(drawn_on, device)))
-                exemplars = package.encode_boxes(source, *(t.to(device) for t in exemplars))
-            texts = [package.encode_text(token_ids[i:i + PROMPT_CHUNK]) for i in range(0, len(prompts), PROMPT_CHUNK)]
-            outputs = package.decode_chunked(features, texts, exemplars)
-        else:
-            outputs = package.model(pixels, token_ids)
+        features = None
+        if exemplars is not None:  # drawn on this image: its own features; on another: that image's
+            features = package.encode_image(pixels)
+            source = features if exemplar_image is None else package.encode_image(
+                package.transforms(to_tensor(drawn_on, device)))
+            exemplars = package.encode_boxes(source, *(t.to(device) for t in exemplars))
+        outputs = run_prompts(package, pixels, token_ids, exemplars, features)
     seconds = time.perf_counter() - t0
     found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
     given = [{"box_xyxy": list(b), "label": "positive" if label else "negative"} for b, label in zip(boxes, labels)]
@@ -167,6 +154,25 @@ def pull(url: str, ref: str, dest: Path, trusted: list[str], allow_older: bool =
           f"({time.perf_counter() - t0:.1f} s)")
 
 
+def run_segment(parser, args) -> None:
+    from .segment import segment
+
+    if args.batch_size < 1 or args.part_images < 1 or (args.actors is not None and args.actors < 1):
+        parser.error("--batch-size, --part-images and --actors take 1 or more")
+    if not args.prompt and not (args.box or args.negative_box):
+        parser.error("give --prompt, --box or both")
+    if args.ref and not args.cache:
+        parser.error("--ref names a package in a binary cache: give --cache URL too")
+    boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
+    labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
+    summary = segment(args.collection, args.output, args.prompt, args.package and str(args.package), ref=args.ref,
+                      cache=args.cache, trusted=args.trusted_key, threshold=args.threshold, boxes=boxes,
+                      labels=labels, boxes_on=args.boxes_on, batch_size=args.batch_size,
+                      ray_address=args.ray_address, actors=args.actors, part_images=args.part_images,
+                      sha256=args.sha256, trust=args.trust)
+    print(json.dumps(summary))
+
+
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into a program that closes early (`| head`): quiet
     try:
@@ -203,6 +209,33 @@ def run_command(argv: list[str] | None) -> None:
                                       "the .sha256 file beside it)")
     run.add_argument("--trust", action="store_true",
                      help="load a package with no digest to check (it runs native code)")
+    many = commands.add_parser("segment", help="a package over a folder, glob, list or bucket prefix of images, on "
+                                               "Ray Data, into a resumable Parquet dataset of instances")
+    many.add_argument("collection", help="a folder, a glob ('tiles/*.jpg'), a .txt file of paths, or a prefix "
+                                         "(s3://bucket/tiles/)")
+    source = many.add_mutually_exclusive_group(required=True)
+    source.add_argument("--package", type=Path, help="the .pt2 archive")
+    source.add_argument("--ref", help="a ref in a binary cache (--cache), pulled and checked on each machine")
+    many.add_argument("--cache", help="the binary cache --ref is in: a folder, s3://bucket/prefix or https://")
+    many.add_argument("--trusted-key", action="append", default=[], metavar="NAME:BASE64",
+                      help="a public key whose signature on --ref is trusted (also $SAM3_AOTI_TRUSTED_KEYS)")
+    many.add_argument("--output", type=Path, required=True, help="folder of the Parquet dataset (resumed if it "
+                                                                 "holds an interrupted run with the same settings)")
+    many.add_argument("--prompt", action="append", default=[], help="a noun phrase; repeat for several")
+    many.add_argument("--box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                      help="an exemplar box, pixels of --boxes-on (repeat)")
+    many.add_argument("--negative-box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                      help="an exemplar box of what not to find, pixels of --boxes-on (repeat)")
+    many.add_argument("--boxes-on", metavar="IMAGE", help="the image the boxes are drawn on (a path or URL)")
+    many.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+    many.add_argument("--batch-size", type=int, default=16, help="images per model call (16)")
+    many.add_argument("--actors", type=int, help="model actors (default: one per GPU; one for a CPU package)")
+    many.add_argument("--ray-address", help="a running Ray cluster (ray://HOST:10001 or auto); default: Ray "
+                                            "starts on this machine")
+    many.add_argument("--part-images", type=int, default=256,
+                      help="images per committed Parquet part: what an interruption can cost (256)")
+    many.add_argument("--sha256", help="the package's sha256 (instead of the .sha256 file beside it)")
+    many.add_argument("--trust", action="store_true", help="load a package with no digest to check")
     info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
     info.add_argument("package", type=Path, help="the .pt2 archive")
     info.add_argument("--json", action="store_true", help="print JSON for machines")
@@ -233,6 +266,9 @@ def run_command(argv: list[str] | None) -> None:
         return
     if not 0.0 <= args.threshold <= 1.0:
         parser.error("--threshold must be between 0 and 1")
+    if args.command == "segment":
+        run_segment(parser, args)
+        return
     if not args.prompt and not (args.box or args.negative_box):
         parser.error("give --prompt, --box or both")
     if args.boxes_on and not (args.box or args.negative_box):

@@ -81,18 +81,27 @@ def check_size(where, width: int, height: int) -> None:
 
 def read_image(path: Path):
     """HxWx3 uint8 RGB as a viewer shows the file, or a one-line PackageError naming the file."""
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     try:
-        with Image.open(path) as image:
-            check_size(path, image.width, image.height)
-            return to_rgb8(image)
+        return decode_image(path, path)
     except FileNotFoundError:
         raise PackageError(f"no image at {path}: pass an existing PNG/JPEG/TIFF file") from None
     except IsADirectoryError:
         raise PackageError(f"{path} is a folder, not an image: pass a PNG/JPEG/TIFF file") from None
+
+
+def decode_image(source, where):
+    """`read_image` of a path or an open binary file (bytes read from a bucket: `io.BytesIO`); `where` names it in
+    the one-line error."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(source) as image:
+            check_size(where, image.width, image.height)
+            return to_rgb8(image)
+    except (FileNotFoundError, IsADirectoryError):
+        raise
     except Image.DecompressionBombError:
-        raise PackageError(f"{path} is over the {MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile") from None
+        raise PackageError(f"{where} is over the {MAX_PIXELS / 1e6:.0f} MP limit: tile it and predict each tile") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise PackageError(f"cannot read {path} as an image ({first_line(e)}): pass a PNG/JPEG/TIFF file") from None
+        raise PackageError(f"cannot read {where} as an image ({first_line(e)}): pass a PNG/JPEG/TIFF file") from None

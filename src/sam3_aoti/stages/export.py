@@ -132,7 +132,8 @@ def run(settings: Settings) -> None:
 def save_programs(programs: dict, path) -> None:
     """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
     and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
-    program digest) is left out. Each tensor's bytes are stored once (`shared_tensor_writer`): the split
+    program digest) and its provenance (`from_node`: the passes that made it, naming graphs by their address
+    in memory, different in every process; `run_decompositions` writes it) are left out. Each tensor's bytes are stored once (`shared_tensor_writer`): the split
     models hold model's own tensors, which torch's `package_pt2` writes again for every program."""
     from torch.export.pt2_archive._package import _package_exported_programs
     from torch.fx import GraphModule
@@ -142,6 +143,7 @@ def save_programs(programs: dict, path) -> None:
             if isinstance(module, GraphModule):
                 for node in module.graph.nodes:
                     node.meta.pop("stack_trace", None)
+                    node.meta.pop("from_node", None)
     with shared_tensor_writer(str(path)) as writer:
         _package_exported_programs(writer, programs)
 

@@ -1,0 +1,180 @@
+"""`segment` on Ray Data: the collection listed (`sources`), what an earlier run committed left out
+(`dataset.Output`), the files read and decoded by CPU tasks (`worker.decode_batch`), batched, segmented by actors
+that each load the package once on one GPU (`worker.Segmenter`; CPU actors for a CPU package), the results
+committed by this process, the only writer. Ray retries the task of an actor that dies (a restarted actor loads
+the package again); an image is committed once whatever is retried or resumed.
+
+Ray starts locally on this machine's GPUs (or CPUs) unless `ray_address` names a running cluster. On a cluster
+each machine pulls a ref's package itself; the collection must be readable from every machine (a bucket, or a
+shared folder), credentials for a bucket included (AWS_* in the workers' environment)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ...errors import ConfigError, PackageError, Sam3AotiError, first_line
+
+DECODE_BATCH = 4  # images a CPU task reads and decodes at once
+
+
+def batch_extra(module: str):
+    """A module of the `batch` extra, or the one-line error that says how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"segment needs the `batch` extra ({module} is missing): pip install 'sam3-aoti[batch]'") \
+            from None
+
+
+def worker_error(e: BaseException) -> Sam3AotiError:
+    """This project's one-line error a worker raised, found under Ray's wrappers (each holds what it wraps as
+    `cause`); else one line naming Ray's."""
+    seen = e
+    for _ in range(16):
+        cause = getattr(seen, "cause", None) or seen.__cause__
+        if cause is None:
+            break
+        if isinstance(cause, Sam3AotiError) and not hasattr(cause, "cause"):
+            return cause
+        seen = cause
+    return PackageError(f"segment failed in a Ray worker ({first_line(e)}): the run so far is kept, run it again")
+
+
+def say(line: str) -> None:
+    print(f"sam3-aoti segment: {line}", file=sys.stderr, flush=True)
+
+
+def package_identity(package: str | None, ref: str | None, cache: str | None, trusted: list[str], run: str,
+                     sha256: str | None, trust: bool) -> tuple[object, Path, str]:
+    """(what each actor is given to load, a local copy to read the metadata from, the package's sha256). A ref is
+    pulled here first, checked as `pull` checks it: the run is bound to the sha256 it names now."""
+    from ..files import sha256_once
+    from ..integrity import digest_file, normalize_digest, read_digest_file
+
+    if ref:
+        from ..binary_cache import pull
+        from ..scratch import cache_dir
+        from ..signing import trusted_keys
+
+        if not cache:
+            raise ConfigError(f"--ref {ref} names a package in a binary cache: pass --cache URL too")
+        dest = cache_dir() / "segment" / run
+        pull(cache, ref, dest, trusted_keys(trusted))
+        digest = read_digest_file(dest / "sam3.pt2.sha256")
+        return {"cache": cache, "ref": ref, "trusted": list(trusted), "run": run, "sha256": digest}, \
+            dest / "sam3.pt2", digest
+    path = Path(package).absolute()
+    if sha256:
+        digest = normalize_digest(sha256)
+    elif digest_file(path).is_file():
+        digest = read_digest_file(digest_file(path))
+    else:
+        digest = sha256_once(path) if trust and path.is_file() else None
+    return str(path), path, digest
+
+
+def segment(collection: str, output: Path, prompts: list[str], package: str | None = None, *, ref: str | None = None,
+            cache: str | None = None, trusted: list[str] = (), threshold: float = 0.5, boxes: list = (),
+            labels: list = (), boxes_on: str | None = None, batch_size: int = 16, ray_address: str | None = None,
+            actors: int | None = None, part_images: int = 256, sha256: str | None = None,
+            trust: bool = False) -> dict:
+    """Segment every image of `collection` into `output` (`dataset`); returns the run's summary."""
+    from ..contract import VISUAL_PROMPT
+    from ..info import archive_info
+    from .dataset import Output, new_run_id
+    from .sources import list_sources
+
+    for module in ("ray", "pyarrow", "pycocotools"):
+        batch_extra(module)
+    if boxes and not boxes_on:
+        raise ConfigError("--box corners are pixels of one image: name it with --boxes-on IMAGE (its exemplars "
+                          "are searched for in every image of the collection)")
+    t0 = time.perf_counter()
+    sources = list_sources(collection)
+    if boxes:  # checked here, in one line, not in every actor
+        from ..exemplars import normalized_boxes
+        from .sources import decode, is_url
+
+        boxes_on = boxes_on if is_url(boxes_on) else str(Path(boxes_on).absolute())
+        drawn_on = decode(boxes_on)
+        normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
+    run = new_run_id()
+    spec, local, digest = package_identity(package, ref, cache, list(trusted), run, sha256, trust)
+    info = archive_info(local, trust=trust, sha256=digest)  # one line now for a bad package, not one per actor
+    device = info["device"] or "cpu"
+    settings = {"package_sha256": digest, "prompts": list(prompts) or [VISUAL_PROMPT], "threshold": threshold,
+                "boxes": [list(b) for b in boxes], "labels": list(labels), "boxes_on": boxes_on}
+    out = Output(output, settings, part_images, run)
+    todo = [s for s in sources if s not in out.done]
+    say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
+        f"{len(todo)} to segment")
+    ran = {"actors": 0, "first_at": None, "after_first": 0}
+    if todo:
+        ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
+            package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
+            labels=list(labels), boxes_on=boxes_on, sha256=None if isinstance(spec, dict) else digest, trust=trust))
+    seconds = time.perf_counter() - t0
+    first = ran["first_at"] - t0 if ran["first_at"] else None
+    running = seconds - first if first is not None else None  # from the first results on: Ray up, packages loaded
+    summary = {"run": out.run, "images": len(sources), "segmented": out.written, "failed": out.failed,
+               "skipped": len(sources) - len(todo), "actors": ran["actors"], "seconds": round(seconds, 2),
+               "first_result_s": round(first, 2) if first is not None else None,
+               "images_per_second": round(out.written / seconds, 3) if seconds else None,
+               "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None}
+    say(f"{out.written} segmented, {out.failed} could not be read (see {Path(output) / 'errors'}), "
+        f"{summary['skipped']} done before, in {seconds:.1f} s")
+    return summary
+
+
+def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, actors: int | None, batch_size: int,
+                segmenter: dict) -> dict:
+    """The run through Ray Data, its results into `out`; returns how many model actors ran, when the first
+    results came (`first_at`, perf_counter) and how many images came after them."""
+    import ray
+
+    from .worker import Segmenter, decode_batch
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
+            raise ConfigError(f"cannot start or reach Ray{f' at {ray_address}' if ray_address else ''} "
+                              f"({first_line(e)})") from None
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if device == "cuda" and not gpus:
+        raise ConfigError("the package is for cuda and the Ray cluster has no GPU: run where GPUs are, or segment "
+                          "with a device=cpu package")
+    actors = actors or (gpus if device == "cuda" else 1)
+    say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s), {int(resources.get('CPU', 0))} "
+        f"CPUs for decoding, batches of {batch_size}")
+    images = ray.data.from_items([{"source": s} for s in todo],
+                                 override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
+    decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
+    found = decoded.map_batches(Segmenter, fn_constructor_kwargs=segmenter, batch_size=batch_size,
+                                batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
+                                num_gpus=1 if device == "cuda" else 0, num_cpus=1)
+    t0, last, first, after_first = time.perf_counter(), 0.0, None, 0
+    try:
+        for table in found.iter_batches(batch_format="pyarrow", batch_size=None):
+            if first is None:
+                first = time.perf_counter()
+            else:
+                after_first += table.num_rows
+            out.add(table)
+            if time.perf_counter() - last > 10:
+                last = time.perf_counter()
+                done = out.written + len(out.pending)
+                say(f"{done} of {len(todo)} images ({done / max(last - t0, 1e-9):.1f}/s), "
+                    f"{out.failed + len(out.errors)} unreadable")
+    except Exception as e:  # Ray's wrapper around what failed in a worker: the worker's own one line if it has one
+        out.flush()  # what came back is committed: the next run goes on from there
+        raise worker_error(e) from None
+    out.flush()
+    return {"actors": actors, "first_at": first, "after_first": after_first}

@@ -1,0 +1,153 @@
+"""`Segmenter`: the package loaded once, then batches of decoded images in, one row per image out, each with its
+instances (what `predict` finds: the same inference and thresholds, `runtime.inference`, `postprocess.instances`),
+masks as COCO run-length encoding. A callable class, the form Ray Data's `map_batches` runs in actors; a loop
+of your own can call it too."""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from pathlib import Path
+
+from ...errors import PackageError, Sam3AotiError
+
+INSTANCE_FIELDS = ("prompt", "query", "score", "box_xyxy", "mask_area", "mask_counts")
+
+
+def instance_type():
+    """An instance as Arrow stores it: the score as the model's float32, the box in pixels of the image
+    (x0, y0, x1, y1), the mask's area and COCO RLE counts (its size is the image's)."""
+    import pyarrow as pa
+
+    return pa.struct([("prompt", pa.string()), ("query", pa.int32()), ("score", pa.float32()),
+                      ("box_xyxy", pa.list_(pa.float64(), 4)), ("mask_area", pa.int64()),
+                      ("mask_counts", pa.string())])
+
+
+def decoded_schema():
+    import pyarrow as pa
+
+    return pa.schema([("source", pa.string()), ("pixels", pa.large_binary()), ("width", pa.int32()),
+                      ("height", pa.int32()), ("error", pa.string())])
+
+
+def segmented_schema():
+    import pyarrow as pa
+
+    return pa.schema([("source", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+                      ("error", pa.string()), ("seconds", pa.float64()), ("instances", pa.list_(instance_type()))])
+
+
+def decode_batch(batch: dict):
+    """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
+    HxWx3 uint8 bytes), `width`, `height`; a file that cannot be segmented gets its one-line reason in `error`
+    instead (not an image, truncated, too small), and the rest go on."""
+    from .sources import decode
+
+    out = {"source": [], "pixels": [], "width": [], "height": [], "error": []}
+    for source in batch["source"]:
+        source = str(source)
+        try:
+            image = decode(source)
+            pixels, (height, width), error = image.tobytes(), image.shape[:2], ""
+        except Sam3AotiError as e:
+            pixels, height, width, error = b"", 0, 0, str(e)
+        for key, value in zip(out, (source, pixels, width, height, error)):
+            out[key].append(value)
+    import pyarrow as pa
+
+    return pa.Table.from_pydict(out, schema=decoded_schema())
+
+
+def coco_rle(mask) -> str:
+    """A boolean HxW mask as COCO's compressed run-length `counts` (column-major runs, pycocotools' own codec):
+    `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode` takes."""
+    import numpy as np
+    from pycocotools import mask as coco_mask
+
+    return coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode("ascii")
+
+
+def pulled_package(spec: dict) -> Path:
+    """A package named by a signed ref, pulled (and checked as `sam3-aoti pull` checks it) once per machine and
+    run: the first actor of a machine pulls under a lock, the others find it there. Its sha256 must be the one
+    the run started with (`spec["sha256"]`): a ref moved mid-run is refused, not mixed into one dataset."""
+    from ..binary_cache import pull
+    from ..scratch import cache_dir
+    from ..signing import trusted_keys
+
+    dest = cache_dir() / "segment" / spec["run"]
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f"{spec['run']}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (dest / "origin.json").is_file():
+            pull(spec["cache"], spec["ref"], dest, trusted_keys(spec["trusted"]))
+    digest = (dest / "sam3.pt2.sha256").read_text().split()[0]
+    if digest != spec["sha256"]:
+        raise PackageError(f"ref {spec['ref']} moved to {digest[:12]} during the run (it began with "
+                           f"{spec['sha256'][:12]}): run again to segment with the new package")
+    return dest / "sam3.pt2"
+
+
+class Segmenter:
+    """`Segmenter(package, prompts)(batch)`: `batch` has `source`, `pixels`, `width`, `height`, `error` columns
+    (`decode_batch`); the result has `source`, `width`, `height`, `error`, `seconds` and `instances` (a list per
+    image of `INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
+    `{"cache", "ref", "trusted", "run", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
+    `labels` 1 or 0) are drawn on the image `boxes_on` and searched for in every image. On a GPU the model
+    replays a CUDA graph per batch shape."""
+
+    def __init__(self, package, prompts=(), threshold: float = 0.5, boxes=(), labels=(), boxes_on: str | None = None,
+                 sha256: str | None = None, trust: bool = False):
+        import torch
+
+        from ..contract import VISUAL_PROMPT
+        from ..exemplars import normalized_boxes
+        from ..inference import package_device
+        from ..loader import load_package
+        from ..postprocess import to_tensor
+        from .sources import decode
+
+        path = pulled_package(package) if isinstance(package, dict) else Path(package)
+        self.package = load_package(path, trust=trust, sha256=sha256)
+        self.device = package_device(self.package.metadata)
+        self.prompts = list(prompts) or [VISUAL_PROMPT]
+        self.threshold = threshold
+        self.exemplars = None
+        with torch.inference_mode():
+            self.token_ids = self.package.encode_prompts(self.prompts).to(self.device)
+            if boxes:
+                drawn_on = decode(boxes_on)
+                normalized = normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
+                features = self.package.encode_image(self.package.transforms(to_tensor(drawn_on, self.device)))
+                self.exemplars = self.package.encode_boxes(features, *(t.to(self.device) for t in normalized))
+
+    def __call__(self, batch: dict):
+        import numpy as np
+        import pyarrow as pa
+        import torch
+
+        from ..inference import run_prompts
+        from ..postprocess import instances, to_tensor
+
+        t0 = time.perf_counter()
+        sizes = [(int(h), int(w)) for h, w in zip(batch["height"], batch["width"])]
+        good = [i for i, error in enumerate(batch["error"]) if not error]
+        found = {}
+        if good:
+            with torch.inference_mode():
+                pixels = torch.cat([self.package.transforms(to_tensor(
+                    np.frombuffer(batch["pixels"][i], np.uint8).reshape(*sizes[i], 3).copy(), self.device)) for i in good])
+                outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
+                for k, i in enumerate(good):
+                    found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
+                                 "box_xyxy": list(inst.box_xyxy), "mask_area": int(inst.mask.sum()),
+                                 "mask_counts": coco_rle(inst.mask)}
+                                for inst in instances(outputs, self.prompts, sizes[i], image_index=k,
+                                                      threshold=self.threshold)]
+        seconds = (time.perf_counter() - t0) / max(len(good), 1)
+        return pa.Table.from_pydict({
+            "source": [str(s) for s in batch["source"]], "width": [w for _, w in sizes],
+            "height": [h for h, _ in sizes], "error": [str(e) for e in batch["error"]],
+            "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
+            "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=segmented_schema())

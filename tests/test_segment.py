@@ -1,0 +1,310 @@
+"""`sam3-aoti segment` on the tiny package on the CPU, with a real local Ray: a folder (and an S3 prefix on the
+real S3 server) of the verify photographs gives the instances `predict` gives on each image, bad files are
+listed with their reason, an interrupted run resumes with every image written once, and a model actor killed
+mid-run is retried by Ray with no row lost or doubled."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins")
+PROMPTS = ("a person", "a cat")
+THRESHOLD = "0.2"
+SRC = str(Path(__file__).parent.parent / "src")
+
+
+def write_photos(folder: Path, copies: int = 1) -> list[Path]:
+    """The verify photographs as JPEG and PNG files (`copies` of each, other names, same pixels)."""
+    import skimage.data
+    from PIL import Image
+
+    from sam3_aoti.runtime.images import array_to_rgb8
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, name in enumerate(PHOTOS):
+        image = Image.fromarray(array_to_rgb8(getattr(skimage.data, name)()))
+        for copy in range(copies):
+            path = folder / f"{name}-{copy}.{'jpg' if i % 2 else 'png'}"
+            image.save(path, quality=95) if path.suffix == ".jpg" else image.save(path)
+            written.append(path)
+    return written
+
+
+def write_bad_files(folder: Path) -> dict[str, str]:
+    """Files of the collection that cannot be segmented -> words their error names."""
+    from PIL import Image
+
+    (folder / "notes.jpg").write_text("not an image")
+    good = folder / "rocket-0.jpg"
+    (folder / "cut.jpg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 3])
+    Image.new("RGB", (1, 1)).save(folder / "dot.png")
+    return {"notes.jpg": "cannot read", "cut.jpg": "truncated", "dot.png": "at least 2 x 2 pixels"}
+
+
+def segment(*args: str, env: dict | None = None, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "segment", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": SRC, **(env or {})}, timeout=900)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def summary_of(stdout: str) -> dict:
+    """The run's summary: its last line (Ray's own messages may come before it)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def prompt_args() -> list[str]:
+    return [a for p in PROMPTS for a in ("--prompt", p)] + ["--threshold", THRESHOLD]
+
+
+def rows(output: Path) -> list[dict]:
+    from sam3_aoti.runtime.segment.dataset import read_instances
+
+    return read_instances(output).to_pylist()
+
+
+def committed_sources(output: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(output / "images", columns=["source"]).column(0).to_pylist()
+
+
+def by_image(found: list[dict], key=lambda source: Path(source).name) -> dict:
+    """source name -> {(prompt, query): row}"""
+    out: dict = {}
+    for row in found:
+        out.setdefault(key(row["source"]), {})[(row["prompt"], row["query"])] = row
+    return out
+
+
+def same_instances(a: dict, b: dict) -> None:
+    """Two runs' instances of one image: the same (prompt, query) pairs, scores, boxes and masks."""
+    from pycocotools import mask as coco_mask
+
+    assert a.keys() == b.keys()
+    for key in a:
+        x, y = a[key], b[key]
+        assert abs(x["score"] - y["score"]) < 1e-4 and np.allclose(x["box_xyxy"], y["box_xyxy"], atol=0.1), key
+        masks = [coco_mask.decode({"size": [r["height"], r["width"]], "counts": r["mask_counts"]}) for r in (x, y)]
+        assert (masks[0] != masks[1]).mean() < 1e-3, key
+
+
+@pytest.fixture(scope="module")
+def reference(package_path, tmp_path_factory) -> dict:
+    """`predict` on each photograph: image name -> {(prompt, query): its instance as predict writes it}."""
+    from sam3_aoti.runtime.cli import predict
+
+    folder = tmp_path_factory.mktemp("photos")
+    found = {}
+    for path in write_photos(folder):
+        result = predict(package_path, path, list(PROMPTS), float(THRESHOLD), folder / "out" / path.stem)
+        found[path.name] = {(i["prompt"], i["query"]): i for i in result["instances"]}
+    assert sum(map(len, found.values())) > 10  # the threshold keeps enough to compare
+    return found
+
+
+def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(package_path, reference, tmp_path):
+    from pycocotools import mask as coco_mask
+
+    photos = tmp_path / "photos"
+    write_photos(photos)
+    bad = write_bad_files(photos)
+    out = tmp_path / "out"
+    proc = segment(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out),
+                   "--batch-size", "4")
+    summary = summary_of(proc.stdout)
+    assert summary["segmented"] == len(PHOTOS) and summary["failed"] == len(bad), summary
+    found = by_image(rows(out))
+    assert set(found) <= set(reference) and sorted(committed_sources(out)) == sorted(
+        str(photos / name) for name in reference)
+    for name, instances in reference.items():
+        mine = found.get(name, {})
+        assert mine.keys() == instances.keys(), name
+        for key, expected in instances.items():
+            row = mine[key]
+            assert abs(row["score"] - expected["score"]) < 2e-4, (name, key)
+            assert np.allclose(row["box_xyxy"], expected["box_xyxy"], atol=0.2), (name, key)
+            mask = coco_mask.decode({"size": [row["height"], row["width"]], "counts": row["mask_counts"]})
+            assert mask.sum() == row["mask_area"] and abs(row["mask_area"] - expected["mask_pixels"]) <= max(
+                2, expected["mask_pixels"] // 500), (name, key)
+    import pyarrow.parquet as pq
+
+    errors = {Path(r["source"]).name: r["error"] for r in pq.read_table(out / "errors").to_pylist()}
+    assert errors.keys() == bad.keys()
+    assert all(bad[name] in errors[name] and "\n" not in errors[name] for name in bad), errors
+    again = summary_of(segment(str(photos), "--package", str(package_path), *prompt_args(), "--output",
+                               str(out)).stdout)
+    assert again["segmented"] == 0 and again["skipped"] == len(PHOTOS)  # done; only the bad files tried again
+    assert len(rows(out)) == sum(map(len, found.values()))
+
+
+def test_an_s3_prefix_gives_what_the_folder_gives(package_path, s3_server, tmp_path):
+    photos = s3_server.data / s3_server.bucket / "photos"
+    write_photos(photos)
+    local = tmp_path / "local"
+    shutil.copytree(photos, local)
+    outs = {}
+    for name, collection in (("s3", f"s3://{s3_server.bucket}/photos/"), ("folder", str(local))):
+        outs[name] = tmp_path / name
+        segment(collection, "--package", str(package_path), *prompt_args(), "--output", str(outs[name]),
+                "--batch-size", "3", env=s3_server.env)
+    remote, folder = (by_image(rows(outs[n])) for n in ("s3", "folder"))
+    assert remote.keys() == folder.keys() and remote
+    for name in remote:
+        same_instances(remote[name], folder[name])
+    assert all(s.startswith(f"s3://{s3_server.bucket}/photos/") for s in committed_sources(outs["s3"]))
+
+
+def run_in_background(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sam3_aoti", "segment", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC},
+                            start_new_session=True)
+
+
+def wait_for(what, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def parts(output: Path) -> list[Path]:
+    return list((output / "images").glob("part-*.parquet")) if (output / "images").is_dir() else []
+
+
+def segmenter_pids() -> list[int]:
+    """The processes of Ray actors running `Segmenter` (Ray names each actor's process after its class)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"Segmenter" in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_an_interrupted_run_resumes_and_writes_each_image_once(package_path, tmp_path):
+    photos = tmp_path / "photos"
+    write_photos(photos, copies=3)
+    out = tmp_path / "out"
+    args = [str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out), "--batch-size", "2",
+            "--part-images", "2"]
+    run = run_in_background(*args)
+    wait_for(lambda: parts(out) or run.poll() is not None)
+    os.killpg(run.pid, signal.SIGKILL)  # the driver and its local Ray, as a power cut would
+    run.wait()
+    first = set(committed_sources(out))
+    assert 0 < len(first) < 3 * len(PHOTOS)
+    orphan = out / "instances" / "part-killed-00000.parquet"  # killed between a part's two renames
+    shutil.copy(next((out / "instances").glob("part-*.parquet")), orphan)
+    summary = summary_of(segment(*args).stdout)
+    assert summary["skipped"] == len(first) and summary["segmented"] == 3 * len(PHOTOS) - len(first)
+    assert not orphan.exists()
+    sources = committed_sources(out)
+    assert len(sources) == len(set(sources)) == 3 * len(PHOTOS)
+    found = rows(out)
+    keys = [(r["source"], r["prompt"], r["query"]) for r in found]
+    assert len(keys) == len(set(keys))
+    per_image = by_image(found, key=lambda s: s)
+    for name in PHOTOS:  # each copy of a photograph: the same instances
+        copies = [per_image.get(str(p), {}) for p in sorted(photos.glob(f"{name}-*"))]
+        for other in copies[1:]:
+            same_instances(copies[0], other)
+
+
+def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(package_path, tmp_path):
+    photos = tmp_path / "photos"
+    write_photos(photos, copies=4)
+    out = tmp_path / "out"
+    run = run_in_background(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out),
+                            "--batch-size", "2", "--part-images", "2")
+    wait_for(lambda: parts(out) or run.poll() is not None)
+    pids = segmenter_pids()
+    assert pids and run.poll() is None, "no Segmenter actor to kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    stdout, stderr = run.communicate(timeout=900)
+    assert run.returncode == 0, stderr[-4000:]
+    assert summary_of(stdout)["segmented"] == 4 * len(PHOTOS)
+    sources = committed_sources(out)
+    assert len(sources) == len(set(sources)) == 4 * len(PHOTOS)
+    found = rows(out)
+    keys = [(r["source"], r["prompt"], r["query"]) for r in found]
+    assert len(keys) == len(set(keys))
+    per_image = by_image(found, key=lambda s: s)
+    for name in PHOTOS:
+        copies = [per_image.get(str(p), {}) for p in sorted(photos.glob(f"{name}-*"))]
+        for other in copies[1:]:
+            same_instances(copies[0], other)
+
+
+def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
+    """The Python form: `decode_batch` and `Segmenter` are what a user's own `map_batches` would call."""
+    from sam3_aoti.runtime.segment import Segmenter, decode_batch
+
+    paths = write_photos(tmp_path / "photos")[:3]
+    decoded = decode_batch({"source": np.array([str(p) for p in paths])}).to_pydict()
+    result = Segmenter(str(package_path), list(PROMPTS), float(THRESHOLD))(decoded).to_pylist()
+    assert [r["source"] for r in result] == [str(p) for p in paths]
+    assert all(r["error"] == "" and r["width"] > 0 for r in result)
+    assert any(r["instances"] for r in result)
+
+
+@pytest.mark.parametrize("change, words", [
+    (["--prompt", "a dog"], "holds a run with other settings (prompts)"),
+    (["--threshold", "0.3"], "holds a run with other settings (threshold)"),
+])
+def test_resuming_with_other_settings_is_one_line(package_path, tmp_path, change, words):
+    from sam3_aoti.runtime.segment.dataset import Output
+
+    out = tmp_path / "out"
+    digest = Path(f"{package_path}.sha256").read_text().split()[0]
+    Output(out, {"package_sha256": digest, "prompts": ["a person"], "threshold": 0.5, "boxes": [], "labels": [],
+                 "boxes_on": None})
+    write_photos(tmp_path / "photos")
+    proc = segment(str(tmp_path / "photos"), "--package", str(package_path), "--prompt", "a person", *change,
+                   "--output", str(out), check=False)
+    assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("collection, words", [
+    ("{tmp}/nowhere", "is not a folder, a glob, a .txt list of images or a bucket prefix"),
+    ("{tmp}/empty", "names no images"),
+    ("{tmp}/*.nothing", "names no images"),
+])
+def test_a_collection_with_nothing_to_segment_is_one_line(package_path, tmp_path, collection, words):
+    (tmp_path / "empty").mkdir()
+    proc = segment(collection.format(tmp=tmp_path), "--package", str(package_path), "--prompt", "a cat",
+                   "--output", str(tmp_path / "out"), check=False)
+    assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_collection_is_a_folder_a_glob_or_a_list_each_image_once(tmp_path):
+    from sam3_aoti.runtime.segment.sources import list_sources
+
+    photos = write_photos(tmp_path / "photos")
+    (tmp_path / "photos" / "deeper").mkdir()
+    nested = tmp_path / "photos" / "deeper" / "x.PNG"
+    shutil.copy(photos[0], nested)
+    (tmp_path / "photos" / "readme.md").write_text("not an image")
+    everything = sorted(str(p) for p in [*photos, nested])
+    assert list_sources(str(tmp_path / "photos")) == everything
+    assert list_sources(f"file://{tmp_path / 'photos'}") == everything
+    assert list_sources(str(tmp_path / "photos" / "*.jpg")) == sorted(str(p) for p in photos if p.suffix == ".jpg")
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"# tiles\n{photos[1].name}\n\n{photos[0]}\n{photos[1]}\n".replace(
+        photos[1].name, f"photos/{photos[1].name}", 1))
+    assert list_sources(str(listing)) == sorted({str(photos[0]), str(photos[1])})
