@@ -59,8 +59,8 @@ def segment(*args: str, env: dict | None = None, check: bool = True, **popen) ->
 
 
 def summary_of(stdout: str) -> dict:
-    """The run's summary: its last line (Ray's own messages may come before it)."""
-    return json.loads(stdout.strip().splitlines()[-1])
+    """The run's summary: stdout holds it alone (Ray's messages go to stderr), so `| jq` works."""
+    return json.loads(stdout)
 
 
 def prompt_args() -> list[str]:

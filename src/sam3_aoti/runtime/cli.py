@@ -165,12 +165,14 @@ def run_segment(parser, args) -> None:
         parser.error("--ref names a package in a binary cache: give --cache URL too")
     boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
     labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
+    stdout = sys.stdout
+    sys.stdout = sys.stderr  # Ray prints the cluster's messages ("(raylet) ...") to stdout: it is the summary's alone
     summary = segment(args.collection, args.output, args.prompt, args.package and str(args.package), ref=args.ref,
                       cache=args.cache, trusted=args.trusted_key, threshold=args.threshold, boxes=boxes,
                       labels=labels, boxes_on=args.boxes_on, batch_size=args.batch_size,
                       ray_address=args.ray_address, actors=args.actors, part_images=args.part_images,
                       sha256=args.sha256, trust=args.trust)
-    print(json.dumps(summary))
+    print(json.dumps(summary), file=stdout, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
