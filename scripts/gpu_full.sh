@@ -47,7 +47,9 @@
 #   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
 #          every loader's load time (the service's start), then `doit throughput`: `sam3-aoti segment` on Ray Data
 #          over [throughput] images JPEG photographs against that bench's 16 x 1 images/s, the GPU's busy share
-#          sampled. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh)
+#          sampled. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
+#          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -351,6 +353,9 @@ run_all() {
     [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     [[ $parts == *" segment "* ]] && (cd "$WORK/segment" && build segment-bench bench $SAM3 precision=bf16 &&
+        { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
+            scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
+            --device cuda --out "$RESULTS/segment-load-compare"; } &&
         build segment-throughput throughput $SAM3 precision=bf16)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $parts == *" heads "* ]] && (heads_part)

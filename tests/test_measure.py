@@ -1,8 +1,13 @@
 """Measurement as a library (`sam3_aoti.measure`): the FLOP count sees the project's ops, the weights a part
-reads are counted once each, model parts re-run alone on what a whole call gave them, and timing's fairness
-rules (rotated order, p90)."""
+reads are counted once each, model parts re-run alone on what a whole call gave them, timing's fairness
+rules (rotated order, p90), and the comparison of two runtimes' load times."""
 
 import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +106,24 @@ def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, t
         assert torch.equal(geometry, wrapper.encode_image(images)[4])  # the no-box geometry prompt
         compiled = parts["scoring"].compiled(torch.compile, {})
         assert torch.allclose(compiled.run()[0], parts["scoring"].run()[0], atol=1e-5)
+
+
+def test_the_load_comparison_times_two_runtimes_and_refuses_what_cannot_load(package_path, tmp_path):
+    """scripts/compare_load_times.py: this checkout against a folder copy of its src/ (a revision's stand-in),
+    on the tiny package; a runtime that cannot load the file ends the script with one line."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "src", tmp_path / "before" / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    script = [sys.executable, str(root / "scripts" / "compare_load_times.py")]
+    out = tmp_path / "load"
+    proc = subprocess.run([*script, str(package_path), str(tmp_path / "before"), str(root), "--repeats", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert [len(row["seconds"]) for row in report["rows"]] == [1, 1]
+    assert all(0 < s < 60 for row in report["rows"] for s in row["seconds"])
+    assert "next start, median s" in out.with_suffix(".md").read_text()
+    not_a_package = tmp_path / "not.pt2"
+    not_a_package.write_bytes(b"not a zip")
+    proc = subprocess.run([*script, str(not_a_package), str(tmp_path / "before"), str(root), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "cannot load" in proc.stderr.strip().splitlines()[-1]

@@ -56,16 +56,26 @@ def load_seconds(package, device: str, with_isa_probe: bool) -> dict[str, float]
     with tempfile.TemporaryDirectory(dir=process_folder()) as cache:  # an empty record of checked packages
         env["SAM3_AOTI_CACHE"] = cache
         for name, (loader, extra_env) in loaders.items():
-            times.update(_load_in_fresh_process(name, loader, package, device, {**env, **extra_env}))
+            seconds = _load_in_fresh_process(name, loader, package, device, {**env, **extra_env})
+            if seconds is not None:
+                times[name] = round(seconds, 2)
     return times
 
 
-def _load_in_fresh_process(name, loader, package, device, env) -> dict[str, float]:
+def next_start_seconds(src: str | Path, package, device: str, cache: str | Path) -> float | None:
+    """Seconds `load_package` of the library under `src` (a checkout's src/ folder) takes to load `package` in a
+    fresh process, with `cache` (SAM3_AOTI_CACHE) holding what that library remembers of earlier checks: a
+    service's next start. None if it cannot load it (logged)."""
+    env = {**os.environ, "PYTHONPATH": str(src), "SAM3_AOTI_CACHE": str(cache)}
+    return _load_in_fresh_process(f"load_package of {src}", OURS, package, device, env)
+
+
+def _load_in_fresh_process(name, loader, package, device, env) -> float | None:
     proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(loader=loader), str(package), device],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         log.warning("%s could not load the package: %s", name, (proc.stderr.strip().splitlines() or ["?"])[-1])
-        return {}
-    seconds = round(json.loads(proc.stdout.strip().splitlines()[-1]), 2)
-    log.info("load: %s %.2f s", name, seconds)
-    return {name: seconds}
+        return None
+    seconds = json.loads(proc.stdout.strip().splitlines()[-1])
+    log.info("load: %s %.3f s", name, seconds)
+    return seconds
