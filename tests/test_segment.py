@@ -165,6 +165,46 @@ def test_an_s3_prefix_gives_what_the_folder_gives(package_path, s3_server, tmp_p
     assert all(s.startswith(f"s3://{s3_server.bucket}/photos/") for s in committed_sources(outs["s3"]))
 
 
+def test_a_package_pulled_by_a_signed_ref_is_segmented_with_and_kept_once_per_machine(package_path, s3_server,
+                                                                                      tmp_path):
+    """--ref with --cache (the real S3 server): the run pulls and checks the ref, its actors load that sha256, and
+    a second run finds the pull there (one copy per package on a machine, not one per run); the same rows as
+    --package. A key the ref is not signed by is one line and segments nothing."""
+    from sam3_aoti.runtime.binary_cache import Cache
+    from sam3_aoti.runtime.signing import SecretKey
+
+    key = SecretKey.generate("builder-a")
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    files = {"sam3.pt2": package_path, "sam3.pt2.sha256": package_path.with_name("sam3.pt2.sha256"),
+             "report.json": report}
+    Cache(s3_server.url(), {}, key).push_ref("tiny-prod", files, {"verified": True})
+    digest = package_path.with_name("sam3.pt2.sha256").read_text().split()[0]
+    photos = tmp_path / "photos"
+    write_photos(photos)
+    env = {**s3_server.env, "SAM3_AOTI_CACHE": str(tmp_path / "node")}
+    by_ref = ("--ref", "tiny-prod", "--cache", s3_server.url(), *prompt_args())
+    outs = {name: tmp_path / name for name in ("first", "second", "path")}
+    for name in ("first", "second"):
+        summary = summary_of(segment(str(photos), *by_ref, "--trusted-key", str(key.public), "--output",
+                                     str(outs[name]), env=env).stdout)
+        assert summary["segmented"] == len(PHOTOS)
+        assert json.loads((outs[name] / "segment.json").read_text())["package_sha256"] == digest
+    pulled = [p.name for p in (tmp_path / "node" / "segment" / "packages").iterdir() if p.is_dir()]
+    assert pulled == [digest]
+    segment(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(outs["path"]), env=env)
+    for name in ("first", "second"):
+        found, expected = by_image(rows(outs[name])), by_image(rows(outs["path"]))
+        assert found.keys() == expected.keys() and found
+        for image in found:
+            same_instances(found[image], expected[image])
+    proc = segment(str(photos), *by_ref, "--trusted-key", str(SecretKey.generate("builder-x").public), "--output",
+                   str(tmp_path / "untrusted"), env=env, check=False)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "Traceback" not in proc.stderr and "trusted" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "untrusted" / "instances").exists()
+
+
 def run_in_background(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sam3_aoti", "segment", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC},

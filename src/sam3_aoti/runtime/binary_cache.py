@@ -13,6 +13,7 @@ whole blobs: the last one wins, and either is valid.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -278,14 +279,9 @@ def _when(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9)) if ns else "before refs carried a time"
 
 
-def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None,
-         allow_older: bool = False) -> dict:
-    """`sam3-aoti pull`: the package a signed ref names, its digest file and its verify report into `dest`,
-    each checked against the ref; `dest/origin.json` says where they came from and who signed them. A ref older
-    than one this node pulled before is refused unless `allow_older`."""
-    check_ref_name(name)
-    check_destination(Path(dest))
-    cache = Cache(url, trusted)
+def signed_ref(cache: Cache, url: str, name: str, allow_older: bool = False) -> tuple[dict, str]:
+    """(record, signer) of the ref `name`: signed by a trusted key, naming a verified package and its files,
+    not older than one this node saw (then remembered as seen)."""
     found = cache.ref(name)
     if found is None:
         raise Refused(f"{url} has no ref {name!r} (a builder publishes it: `uv run doit cache=URL ref=NAME`)")
@@ -296,8 +292,40 @@ def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progres
         raise Refused(f"ref {name} points at a package that did not pass verify: refused")
     check_not_older(url, name, record, allow_older)
     remember_ref(url, name, record)  # seen signed: anything older is a rollback, whether or not this fetch ends
+    return record, signed_by
+
+
+def pull_once(url: str, name: str, root: Path, trusted: dict[str, PublicKey], progress=None) -> Path:
+    """The folder `root/<sha256>` holding the package the signed ref `name` names now: pulled as `pull` pulls,
+    unless a whole earlier pull of that sha256 is there (its `origin.json`, written last). One copy per
+    package on a machine, however many runs and processes use it (they take turns under a lock)."""
+    check_ref_name(name)
+    check_destination(Path(root))
+    cache = Cache(url, trusted)
+    record, signed_by = signed_ref(cache, url, name)
+    folder = Path(root) / record["outputs"]["sam3.pt2"]["sha256"]
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "origin.json").is_file():
+            fetch_ref(cache, url, name, record, signed_by, folder, progress)
+    return folder
+
+
+def pull(url: str, name: str, dest: Path, trusted: dict[str, PublicKey], progress=None,
+         allow_older: bool = False) -> dict:
+    """`sam3-aoti pull`: the package a signed ref names, its digest file and its verify report into `dest`,
+    each checked against the ref; `dest/origin.json` says where they came from and who signed them. A ref older
+    than one this node pulled before is refused unless `allow_older`."""
+    check_ref_name(name)
+    check_destination(Path(dest))
+    cache = Cache(url, trusted)
+    record, signed_by = signed_ref(cache, url, name, allow_older)
+    return fetch_ref(cache, url, name, record, signed_by, Path(dest), progress)
+
+
+def fetch_ref(cache: Cache, url: str, name: str, record: dict, signed_by: str, dest: Path, progress=None) -> dict:
+    """The files of a checked ref's `record` into `dest`, then `origin.json` (written last: a whole pull)."""
     digest = record["outputs"]["sam3.pt2"]["sha256"]
-    dest = Path(dest)
     cache.fetch(record, dest, list(REF_FILES), progress)
     if (dest / "sam3.pt2.sha256").read_text().split()[:1] != [digest]:
         (dest / "sam3.pt2.sha256").unlink()  # a digest file that disagrees with the signed record is no digest

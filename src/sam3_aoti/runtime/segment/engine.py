@@ -48,7 +48,7 @@ def say(line: str) -> None:
     print(f"sam3-aoti segment: {line}", file=sys.stderr, flush=True)
 
 
-def package_identity(package: str | None, ref: str | None, cache: str | None, trusted: list[str], run: str,
+def package_identity(package: str | None, ref: str | None, cache: str | None, trusted: list[str],
                      sha256: str | None, trust: bool) -> tuple[object, Path, str]:
     """(what each actor is given to load, a local copy to read the metadata from, the package's sha256). A ref is
     pulled here first, checked as `pull` checks it: the run is bound to the sha256 it names now."""
@@ -56,17 +56,15 @@ def package_identity(package: str | None, ref: str | None, cache: str | None, tr
     from ..integrity import digest_file, normalize_digest, read_digest_file
 
     if ref:
-        from ..binary_cache import pull
-        from ..scratch import cache_dir
+        from ..binary_cache import pull_once
         from ..signing import trusted_keys
+        from .worker import pulled_packages
 
         if not cache:
             raise ConfigError(f"--ref {ref} names a package in a binary cache: pass --cache URL too")
-        dest = cache_dir() / "segment" / run
-        pull(cache, ref, dest, trusted_keys(trusted))
+        dest = pull_once(cache, ref, pulled_packages(), trusted_keys(trusted))
         digest = read_digest_file(dest / "sam3.pt2.sha256")
-        return {"cache": cache, "ref": ref, "trusted": list(trusted), "run": run, "sha256": digest}, \
-            dest / "sam3.pt2", digest
+        return {"cache": cache, "ref": ref, "trusted": list(trusted), "sha256": digest}, dest / "sam3.pt2", digest
     path = Path(package).absolute()
     if sha256:
         digest = normalize_digest(sha256)
@@ -103,7 +101,7 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         drawn_on = decode(boxes_on)
         normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
     run = new_run_id()
-    spec, local, digest = package_identity(package, ref, cache, list(trusted), run, sha256, trust)
+    spec, local, digest = package_identity(package, ref, cache, list(trusted), sha256, trust)
     info = archive_info(local, trust=trust, sha256=digest)  # one line now for a bad package, not one per actor
     device = info["device"] or "cpu"
     settings = {"package_sha256": digest, "prompts": list(prompts) or [VISUAL_PROMPT], "threshold": threshold,

@@ -5,7 +5,6 @@ of your own can call it too."""
 
 from __future__ import annotations
 
-import fcntl
 import time
 from pathlib import Path
 
@@ -68,32 +67,34 @@ def coco_rle(mask) -> str:
     return coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode("ascii")
 
 
-def pulled_package(spec: dict) -> Path:
-    """A package named by a signed ref, pulled (and checked as `sam3-aoti pull` checks it) once per machine and
-    run: the first actor of a machine pulls under a lock, the others find it there. Its sha256 must be the one
-    the run started with (`spec["sha256"]`): a ref moved mid-run is refused, not mixed into one dataset."""
-    from ..binary_cache import pull
+def pulled_packages() -> Path:
+    """Where `segment` keeps the packages it pulled by ref on this machine: one folder per sha256, shared by
+    every run (`binary_cache.pull_once`)."""
     from ..scratch import cache_dir
+
+    return cache_dir() / "segment" / "packages"
+
+
+def pulled_package(spec: dict) -> Path:
+    """A package named by a signed ref, pulled (and checked as `sam3-aoti pull` checks it) once per machine: the
+    first actor of a machine pulls it under a lock, the others (and later runs) find it there. Its sha256 must be
+    the one the run started with (`spec["sha256"]`): a ref moved mid-run is refused, not mixed into one
+    dataset."""
+    from ..binary_cache import pull_once
     from ..signing import trusted_keys
 
-    dest = cache_dir() / "segment" / spec["run"]
-    dest.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f"{spec['run']}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (dest / "origin.json").is_file():
-            pull(spec["cache"], spec["ref"], dest, trusted_keys(spec["trusted"]))
-    digest = (dest / "sam3.pt2.sha256").read_text().split()[0]
-    if digest != spec["sha256"]:
-        raise PackageError(f"ref {spec['ref']} moved to {digest[:12]} during the run (it began with "
+    folder = pull_once(spec["cache"], spec["ref"], pulled_packages(), trusted_keys(spec["trusted"]))
+    if folder.name != spec["sha256"]:
+        raise PackageError(f"ref {spec['ref']} moved to {folder.name[:12]} during the run (it began with "
                            f"{spec['sha256'][:12]}): run again to segment with the new package")
-    return dest / "sam3.pt2"
+    return folder / "sam3.pt2"
 
 
 class Segmenter:
     """`Segmenter(package, prompts)(batch)`: `batch` has `source`, `pixels`, `width`, `height`, `error` columns
     (`decode_batch`); the result has `source`, `width`, `height`, `error`, `seconds` and `instances` (a list per
     image of `INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
-    `{"cache", "ref", "trusted", "run", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
+    `{"cache", "ref", "trusted", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
     `labels` 1 or 0) are drawn on the image `boxes_on` and searched for in every image. On a GPU the model
     replays a CUDA graph per batch shape."""
 
