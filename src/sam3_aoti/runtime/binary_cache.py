@@ -298,7 +298,8 @@ def signed_ref(cache: Cache, url: str, name: str, allow_older: bool = False) -> 
 def pull_once(url: str, name: str, root: Path, trusted: dict[str, PublicKey], progress=None) -> Path:
     """The folder `root/<sha256>` holding the package the signed ref `name` names now: pulled as `pull` pulls,
     unless a whole earlier pull of that sha256 is there (its `origin.json`, written last). One copy per
-    package on a machine, however many runs and processes use it (they take turns under a lock)."""
+    package on a machine, however many runs and processes use it (they take turns under a lock). A copy found
+    there is not trusted for being there: load it against the folder's name, the sha256 the ref signed."""
     check_ref_name(name)
     check_destination(Path(root))
     cache = Cache(url, trusted)

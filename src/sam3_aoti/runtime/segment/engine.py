@@ -63,7 +63,7 @@ def package_identity(package: str | None, ref: str | None, cache: str | None, tr
         if not cache:
             raise ConfigError(f"--ref {ref} names a package in a binary cache: pass --cache URL too")
         dest = pull_once(cache, ref, pulled_packages(), trusted_keys(trusted))
-        digest = read_digest_file(dest / "sam3.pt2.sha256")
+        digest = dest.name  # the sha256 the signed ref names: what the package is checked against
         return {"cache": cache, "ref": ref, "trusted": list(trusted), "sha256": digest}, dest / "sam3.pt2", digest
     path = Path(package).absolute()
     if sha256:

@@ -109,7 +109,10 @@ class Segmenter:
         from ..postprocess import to_tensor
         from .sources import decode
 
-        path = pulled_package(package) if isinstance(package, dict) else Path(package)
+        if isinstance(package, dict):  # checked against the digest the signed ref named, not the file beside it
+            path, sha256 = pulled_package(package), package["sha256"]
+        else:
+            path = Path(package)
         self.package = load_package(path, trust=trust, sha256=sha256)
         self.device = package_device(self.package.metadata)
         self.prompts = list(prompts) or [VISUAL_PROMPT]
