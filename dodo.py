@@ -24,6 +24,9 @@ DOIT_CONFIG = {
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
     "check_file_uptodate": RecordedChecksums,  # the manifest's sha256 where it has one (no second hash of GBs)
+    # Two tasks at once, in threads (each stage is a process of its own): the fallback beside compile.
+    "num_process": 2,
+    "par_type": "thread",
 }
 RecordedChecksums.manifest = PATHS.manifest
 guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit's state saved per task
@@ -47,7 +50,14 @@ def task_weights():
 
 def task_export():
     return stage_task("export", "torch.export model + transforms with dynamic batch/prompts; re-run at new shapes",
-                      PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest, PATHS.exported_portable])
+                      PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
+
+
+def task_fallback():
+    # Beside compile (doit runs two tasks at once): it reads the export, and only package reads it.
+    return stage_task("fallback", "The exported programs with the custom ops in torch ops: the fallback torch alone loads",
+                      [PATHS.exported, *PATHS.checkpoint_files], [PATHS.exported_portable],
+                      export=SETTINGS.stage("export"))
 
 
 def task_tune():

@@ -37,8 +37,8 @@ from sam3_aoti.runtime.files import sha256_once  # once per process and state of
 from . import PATHS, ROOT, SETTINGS, sources, weights_inputs
 
 KEY_FORMAT = "sam3-aoti-key/1"
-INPUTS = {"weights": (), "export": ("weights",), "compile": ("export",), "package": ("weights", "export", "compile"),
-          "verify": ("package",), "render": ("package",)}
+INPUTS = {"weights": (), "export": ("weights",), "fallback": ("weights", "export"), "compile": ("export",),
+          "package": ("weights", "export", "fallback", "compile"), "verify": ("package",), "render": ("package",)}
 CACHED = ("compile", "package", "verify", "render")  # what a cache holds: weights and export are rebuilt from inputs
 SUBSTITUTED_AT_LOAD = ("package", "verify", "render")  # top-down; compile substitutes by content when it runs
 

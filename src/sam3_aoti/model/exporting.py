@@ -3,7 +3,29 @@ decode many, and of the image transforms (any batch, height and width)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from ..errors import ExportError, first_line
+
+
+def check_against_eager(name: str, run, eager, args, atol: float) -> float:
+    """Run an exported program (`run`: its module) at new shapes; it must run and agree with eager."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            got = run(*args)
+        except Exception as e:
+            shapes = [tuple(a.shape) for a in args]
+            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from e
+        want = eager(*args)
+    got, want = (got,) if torch.is_tensor(got) else got, (want,) if torch.is_tensor(want) else want
+    worst = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
+    if not worst <= atol:
+        raise ExportError(f"exported {name} drifts from eager by {worst:.3g} (> {atol}) at shapes "
+                          f"{[tuple(a.shape) for a in args]}: the export changed the model's behaviour")
+    return worst
 
 
 def export_model(wrapper, example_args, batch_name="batch", prompts_name="num_prompts"):
@@ -75,6 +97,21 @@ def export_parts(wrapper, example) -> dict:
     return programs
 
 
+def load_programs(archive) -> dict:
+    """Every exported program of a PT2 archive, by name, in the archive's order."""
+    import zipfile
+
+    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
+
+    from ..runtime import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the programs may call)
+    from ..runtime.archive import archive_entries
+
+    with zipfile.ZipFile(archive) as zf:
+        files = [inner for inner in archive_entries(zf) if inner.startswith("models/") and inner.endswith(".json")]
+    with PT2ArchiveReader(str(archive)) as reader:
+        return _load_exported_programs(reader, files, None)
+
+
 def custom_ops_in(program) -> set[str]:
     """The project's own ops (`sam3_aoti::...`) a program calls: what a loader without this project lacks."""
     return {str(node.target) for node in program.graph.nodes
@@ -123,3 +160,68 @@ def composed_with_boxes(programs: dict):
         return decode(*features[:DECODE_IMAGE_INPUTS - 2], *geometry, *text(token_ids))
 
     return run
+
+
+def save_programs(programs: dict, path) -> None:
+    """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
+    and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
+    program digest) and its provenance (`from_node`: the passes that made it, naming graphs by their address
+    in memory, different in every process; `run_decompositions` writes it) are left out. Each tensor's bytes are stored once (`shared_tensor_writer`): the split
+    models hold model's own tensors, which torch's `package_pt2` writes again for every program."""
+    from torch.export.pt2_archive._package import _package_exported_programs
+    from torch.fx import GraphModule
+
+    for program in programs.values():
+        for module in program.graph_module.modules():
+            if isinstance(module, GraphModule):
+                for node in module.graph.nodes:
+                    node.meta.pop("stack_trace", None)
+                    node.meta.pop("from_node", None)
+    with shared_tensor_writer(str(path)) as writer:
+        _package_exported_programs(writer, programs)
+
+
+TENSOR_FILES = ("data/weights/weight_", "data/constants/tensor_")  # a program's tensors' bytes, one per file
+
+
+def is_tensor_config(inner: str) -> bool:
+    """A program's weights or constants config: each tensor's layout and the file holding its bytes."""
+    return inner.startswith(("data/weights/", "data/constants/")) and inner.endswith("_config.json")
+
+
+def shared_tensor_writer(path: str):
+    """torch's PT2 archive writer, storing equal tensor files once: a file whose bytes an earlier one holds is
+    not written, and the weights and constants configs written after it name the earlier file instead (each
+    program still loads its own tensors from them). torch numbers the files by counting those written, so
+    the ones left out count too."""
+    from torch.export.pt2_archive._package import PT2ArchiveWriter
+
+    class SharedTensorWriter(PT2ArchiveWriter):
+        def __init__(self, target):
+            super().__init__(target)
+            self.first: dict[tuple[str, bytes], str] = {}  # (kind, sha256) -> the file holding those bytes
+            self.same_as: dict[str, str] = {}  # a file left out -> the file holding its bytes
+
+        def count_prefix(self, prefix: str) -> int:
+            return super().count_prefix(prefix) + sum(name.startswith(prefix) for name in self.same_as)
+
+        def write_bytes(self, name: str, data: bytes) -> None:
+            kind = next((k for k in TENSOR_FILES if name.startswith(k)), None)
+            if kind:
+                key = (kind, hashlib.sha256(data).digest())
+                if key in self.first:
+                    self.same_as[name] = self.first[key]
+                    return
+                self.first[key] = name
+            elif is_tensor_config(name):
+                data = self.repointed(name.rsplit("/", 1)[0] + "/", data)
+            super().write_bytes(name, data)
+
+        def repointed(self, folder: str, config: bytes) -> bytes:
+            payload = json.loads(config)
+            for meta in payload["config"].values():
+                stored = folder + meta["path_name"]
+                meta["path_name"] = self.same_as.get(stored, stored)[len(folder):]
+            return json.dumps(payload).encode()
+
+    return SharedTensorWriter(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import shutil
@@ -36,6 +38,21 @@ def _say_damaged(manifest: str) -> None:
 
 def write_manifest(manifest: Path, data: dict) -> None:
     write_text_atomic(Path(manifest), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def updating(manifest: Path):
+    """The manifest to change, read and written under an exclusive lock (`manifest.json.lock`): two stages that
+    run at once (the fallback beside compile) each record their entry, and neither loses the other's."""
+    manifest = Path(manifest)
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    with open(manifest.with_name(manifest.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = read_manifest(manifest)
+        before = json.dumps(data, sort_keys=True)
+        yield data
+        if json.dumps(data, sort_keys=True) != before:
+            write_manifest(manifest, data)
 
 
 def describe(path: Path) -> dict:
@@ -112,21 +129,20 @@ def manifest_changes(manifest: Path, stages: list[str] | None = None, rehash: bo
     `STAGE: not recorded` for a stage asked for by name that has no entry; `rehash` hashes every file, not only
     those whose times moved. `refresh` records the new times of files whose content still matches."""
     manifest = Path(manifest)
-    data = read_manifest(manifest)
-    found, refreshed = [], []
-    for stage in stages or []:
-        if stage not in data["stages"]:
-            found.append(f"{stage}: not recorded in {manifest.name}")
-    for stage, entry in sorted(data["stages"].items()):
-        if stages is None or stage in stages:
-            for rel, recorded in entry.get("outputs", {}).items():
-                why = changed(manifest.parent / rel, recorded, rehash, refreshed)
-                if why:
-                    found.append(f"{stage}: {rel} {why}")
-    if refresh and refreshed and not found:
-        for recorded, stat in refreshed:
-            recorded.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)
-        write_manifest(manifest, data)
+    with updating(manifest) if refresh else contextlib.nullcontext(read_manifest(manifest)) as data:
+        found, refreshed = [], []
+        for stage in stages or []:
+            if stage not in data["stages"]:
+                found.append(f"{stage}: not recorded in {manifest.name}")
+        for stage, entry in sorted(data["stages"].items()):
+            if stages is None or stage in stages:
+                for rel, recorded in entry.get("outputs", {}).items():
+                    why = changed(manifest.parent / rel, recorded, rehash, refreshed)
+                    if why:
+                        found.append(f"{stage}: {rel} {why}")
+        if refresh and not found:
+            for recorded, stat in refreshed:
+                recorded.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)
     return found
 
 
@@ -135,24 +151,22 @@ def mark(manifest: Path, stage: str, **fields) -> None:
     manifest = Path(manifest)
     if not manifest.exists():
         return
-    data = read_manifest(manifest)
-    if stage in data["stages"]:
-        data["stages"][stage].update(fields)
-        write_manifest(manifest, data)
+    with updating(manifest) as data:
+        if stage in data["stages"]:
+            data["stages"][stage].update(fields)
 
 
 def record(manifest: Path, stage: str, outputs: list[Path], info: dict) -> dict:
     """Replace `stage`'s entry in the manifest: its outputs' hashes plus `info` (options, versions, ...)."""
     manifest = Path(manifest)
-    data = read_manifest(manifest)
     root = manifest.parent
     entry = {
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "outputs": {str(Path(p).relative_to(root)): describe(p) for p in outputs},
         **info,
     }
-    data["stages"][stage] = entry
-    write_manifest(manifest, data)
+    with updating(manifest) as data:
+        data["stages"][stage] = entry
     return entry
 
 

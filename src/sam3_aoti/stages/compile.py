@@ -33,13 +33,16 @@ from ..toolchain.cuda_env import FIX_VARIABLE, read_build_facts
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
-def compile_workers(models: int, program_bytes: int, cores: int | None = None, memory: int | None = None) -> int:
-    """Compiles at once: each is mostly one busy core (Inductor's Python) with bursts of g++ and Triton
-    workers, so a quarter of the cores; and each holds a program's weights, copied once more into its blob
-    check, so no more than a third of the memory holds (at least one)."""
+def compile_workers(models: int, program_bytes: int, device: str, cores: int | None = None,
+                    memory: int | None = None) -> int:
+    """Compiles at once. On CUDA each is one busy core (Inductor's Python) with bursts of Triton workers, so a
+    quarter of the cores; on the CPU each is one busy core and then one g++ of the kernels and wrapper (one
+    file), so a core each. Each holds a program's weights, copied once more into its blob check, so no more
+    than a third of the memory holds (at least one)."""
     cores = cores or os.cpu_count() or 1
     memory = memory or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(1, min(models, cores // 4, memory // (3 * max(program_bytes, 1))))
+    per_core = 4 if device == "cuda" else 1
+    return max(1, min(models, cores // per_core, memory // (3 * max(program_bytes, 1))))
 
 
 def die_with(parent: int) -> None:
@@ -108,7 +111,7 @@ def run(settings: Settings) -> None:
         log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
     names = compiled_names(program_names(paths.exported))
-    workers = compile_workers(len(names), weights)  # a worker holds at most the whole archive
+    workers = compile_workers(len(names), weights, settings.device)  # a worker holds at most the whole archive
     pool = ProcessPoolExecutor(workers, get_context("spawn"), initializer=die_with, initargs=(os.getpid(),))
     with atomic_output(paths.compiled) as tmp, stopping_kills_workers(pool):
         log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),

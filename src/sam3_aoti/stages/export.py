@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 from ..errors import ExportError, first_line
-from ..model.exporting import (composed, composed_with_boxes, example_boxes, export_model, export_parts,
-                               export_transforms, portable)
+from ..model.exporting import (TENSOR_FILES, check_against_eager, composed, composed_with_boxes, example_boxes,
+                               export_model, export_parts, export_transforms, is_tensor_config, save_programs)
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -24,25 +24,6 @@ from ..runtime.archive import archive_entries
 from ..runtime.files import atomic_output, human_size, write_text_atomic
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
-
-
-def check_against_eager(name: str, run, eager, args, atol: float) -> float:
-    """Run an exported program (`run`: its module) at new shapes; it must run and agree with eager."""
-    import torch
-
-    with torch.no_grad():
-        try:
-            got = run(*args)
-        except Exception as e:
-            shapes = [tuple(a.shape) for a in args]
-            raise ExportError(f"exported {name} fails at input shapes {shapes}: {first_line(e)}") from e
-        want = eager(*args)
-    got, want = (got,) if torch.is_tensor(got) else got, (want,) if torch.is_tensor(want) else want
-    worst = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
-    if not worst <= atol:
-        raise ExportError(f"exported {name} drifts from eager by {worst:.3g} (> {atol}) at shapes "
-                          f"{[tuple(a.shape) for a in args]}: the export changed the model's behaviour")
-    return worst
 
 
 def run(settings: Settings) -> None:
@@ -82,17 +63,20 @@ def run(settings: Settings) -> None:
         t0 = time.perf_counter()
         programs.update(export_parts(wrapper, example))
         log.info("encode_image, encode_text, encode_boxes and decode exported in %.1f s", time.perf_counter() - t0)
+    # Each program's module made once for every check (unlifting a graph is seconds).
+    model_run = model_ep.module()
+    parts_run, boxes_run = (composed(programs), composed_with_boxes(programs)) if split else (None, None)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
         args = example_inputs(config, b, p, seed=1, device=device)
-        diff = check_against_eager("model", model_ep.module(), wrapper, args, atol)
+        diff = check_against_eager("model", model_run, wrapper, args, atol)
         log.info("re-run at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
         if split:
-            diff = check_against_eager("decode(encode_image, encode_text)", composed(programs), wrapper, args, atol)
+            diff = check_against_eager("decode(encode_image, encode_text)", parts_run, wrapper, args, atol)
             log.info("re-run of the parts at (B, P) = (%d, %d): max |exported - eager| = %.3g", b, p, diff)
             for count in (1, 5):  # exemplar boxes: one, and more than the trace's
                 boxes = example_boxes(b, count, seed=count, device=device)
-                diff = check_against_eager("decode with encode_boxes", composed_with_boxes(programs),
-                                           wrapper.with_boxes, (*args, *boxes), atol)
+                diff = check_against_eager("decode with encode_boxes", boxes_run, wrapper.with_boxes,
+                                           (*args, *boxes), atol)
                 log.info("re-run with %d exemplar boxes at (B, P) = (%d, %d): max |exported - eager| = %.3g", count,
                          b, p, diff)
 
@@ -115,83 +99,9 @@ def run(settings: Settings) -> None:
     changed = write_if_changed(paths.program_digest, json.dumps(digest, indent=2, sort_keys=True) + "\n")
     log.info("program digest %s (%s)", digest["sha256"][:12],
              "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
-    t0 = time.perf_counter()
-    fallback = portable(programs)
-    args = example_inputs(config, opts["check_batch"], opts["check_prompts"], seed=2, device=device)
-    diff = check_against_eager("model (portable)", fallback["model"].module(), wrapper, args, atol)
-    with atomic_output(paths.exported_portable) as tmp:
-        save_programs(fallback, tmp)
-    log.info("the fallback, custom ops written in torch ops (loads with torch alone), in %.1f s: %s (%s; max "
-             "|portable - eager| = %.3g)", time.perf_counter() - t0, paths.exported_portable.name,
-             human_size(paths.exported_portable.stat().st_size), diff)
-    record(paths.manifest, "export", [paths.exported, paths.program_digest, paths.exported_portable], {
+    record(paths.manifest, "export", [paths.exported, paths.program_digest], {
         "export_seconds": round(export_s, 2), "image_size": image_size, **settings.fingerprint("export"),
     })
-
-
-def save_programs(programs: dict, path) -> None:
-    """One PT2 archive, the same bytes for the same programs: each node's stack trace (absolute source paths
-    and line numbers: another checkout, or a comment that moves a line, would change the bytes and the
-    program digest) and its provenance (`from_node`: the passes that made it, naming graphs by their address
-    in memory, different in every process; `run_decompositions` writes it) are left out. Each tensor's bytes are stored once (`shared_tensor_writer`): the split
-    models hold model's own tensors, which torch's `package_pt2` writes again for every program."""
-    from torch.export.pt2_archive._package import _package_exported_programs
-    from torch.fx import GraphModule
-
-    for program in programs.values():
-        for module in program.graph_module.modules():
-            if isinstance(module, GraphModule):
-                for node in module.graph.nodes:
-                    node.meta.pop("stack_trace", None)
-                    node.meta.pop("from_node", None)
-    with shared_tensor_writer(str(path)) as writer:
-        _package_exported_programs(writer, programs)
-
-
-TENSOR_FILES = ("data/weights/weight_", "data/constants/tensor_")  # a program's tensors' bytes, one per file
-
-
-def is_tensor_config(inner: str) -> bool:
-    """A program's weights or constants config: each tensor's layout and the file holding its bytes."""
-    return inner.startswith(("data/weights/", "data/constants/")) and inner.endswith("_config.json")
-
-
-def shared_tensor_writer(path: str):
-    """torch's PT2 archive writer, storing equal tensor files once: a file whose bytes an earlier one holds is
-    not written, and the weights and constants configs written after it name the earlier file instead (each
-    program still loads its own tensors from them). torch numbers the files by counting those written, so
-    the ones left out count too."""
-    from torch.export.pt2_archive._package import PT2ArchiveWriter
-
-    class SharedTensorWriter(PT2ArchiveWriter):
-        def __init__(self, target):
-            super().__init__(target)
-            self.first: dict[tuple[str, bytes], str] = {}  # (kind, sha256) -> the file holding those bytes
-            self.same_as: dict[str, str] = {}  # a file left out -> the file holding its bytes
-
-        def count_prefix(self, prefix: str) -> int:
-            return super().count_prefix(prefix) + sum(name.startswith(prefix) for name in self.same_as)
-
-        def write_bytes(self, name: str, data: bytes) -> None:
-            kind = next((k for k in TENSOR_FILES if name.startswith(k)), None)
-            if kind:
-                key = (kind, hashlib.sha256(data).digest())
-                if key in self.first:
-                    self.same_as[name] = self.first[key]
-                    return
-                self.first[key] = name
-            elif is_tensor_config(name):
-                data = self.repointed(name.rsplit("/", 1)[0] + "/", data)
-            super().write_bytes(name, data)
-
-        def repointed(self, folder: str, config: bytes) -> bytes:
-            payload = json.loads(config)
-            for meta in payload["config"].values():
-                stored = folder + meta["path_name"]
-                meta["path_name"] = self.same_as.get(stored, stored)[len(folder):]
-            return json.dumps(payload).encode()
-
-    return SharedTensorWriter(path)
 
 
 # Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
