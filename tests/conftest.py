@@ -6,14 +6,30 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY, copy_repo, run_doit, start_doit
+from helpers import TINY, build_key, build_root, copy_build, start_build, wait_for_build
 
 
 def pytest_configure(config):
-    """Remembered package checks (integrity.py) go to a folder of this run, not the user's cache."""
+    """Remembered package checks (integrity.py) go to a folder of this run, not the user's cache. A run has one
+    id, which its xdist workers share."""
     import tempfile
+    import uuid
 
     os.environ["SAM3_AOTI_CACHE"] = tempfile.mkdtemp(prefix="sam3-aoti-cache-")
+    config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
+    config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
+
+
+def the_build() -> Path:
+    """The tiny build of this checkout's content, kept per content (`helpers.build_key`)."""
+    return build_root() / build_key()
+
+
+def second_build(config) -> Path:
+    """This run's second clean build (to `package`), cold: never a kept one."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"sam3-aoti-clean-{config.run_id}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,32 +46,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-_BACKGROUND: dict = {}
+class BuildsFirst:
+    @pytest.hookimpl(trylast=True)  # after `-m` deselected what will not run
+    def pytest_collection_modifyitems(self, config, items):
+        """The builds the selected tests need start now, in the background (one process of a run builds each),
+        and the modules that need none run first, while they build."""
+        wanted = set().union(*(getattr(item, "fixturenames", ()) for item in items
+                               if not item.get_closest_marker("skip")))
+        if "second_clean_build" in wanted:
+            start_build(second_build(config), "package", "device=cpu")
+        if "built_repo" in wanted and not os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):
+            start_build(the_build(), "device=cpu")
+        needs_build = {item.path for item in items
+                       if {"built_repo", "second_clean_build"} & set(getattr(item, "fixturenames", ()))}
+        items.sort(key=lambda item: item.path in needs_build)
 
 
 @pytest.fixture(scope="session")
-def built_repo(tmp_path_factory, request) -> Path:
-    """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU. When the session
-    will ask for `second_clean_build`, that build starts now, beside this one: a test run is mostly one
-    busy core, and the second clean build fills the other."""
+def built_repo(tmp_path_factory) -> Path:
+    """A temp copy of the repo after one full `doit` run of the tiny profile on the CPU, built once per content
+    (under $SAM3_AOTI_TEST_BUILDS or ~/.cache/sam3-aoti/test-builds) and reused by later runs."""
     if os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):  # a quick loop's: a copy you built (`doit device=cpu`) before
         return Path(os.environ["SAM3_AOTI_TEST_BUILT_REPO"])
-    if any("second_clean_build" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        clean = copy_repo(tmp_path_factory.mktemp("clean"))
-        _BACKGROUND["clean"] = (clean, start_doit(clean, "package", "device=cpu"))
-    repo = copy_repo(tmp_path_factory.mktemp("repo"))
-    run_doit(repo, "device=cpu")
-    return repo
+    return copy_build(wait_for_build(the_build(), "device=cpu"), tmp_path_factory.mktemp("built") / "repo")
 
 
 @pytest.fixture(scope="session")
-def second_clean_build(built_repo) -> Path:
-    """Another clean checkout built to `package` (started in the background by `built_repo`)."""
-    clean, proc = _BACKGROUND["clean"]
-    output, _ = proc.communicate(timeout=3600)
-    if proc.returncode != 0:
-        raise AssertionError(f"the second clean build failed ({proc.returncode}):\n{output}")
-    return clean
+def second_clean_build(request) -> Path:
+    """Another clean checkout built to `package`, cold (started at collection, beside the first)."""
+    clean = wait_for_build(second_build(request.config), "package", "device=cpu")
+    yield clean
+    shutil.rmtree(clean, ignore_errors=True)
+    clean.with_name(f"{clean.name}.lock").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -69,9 +91,7 @@ def own_build(built_repo, tmp_path) -> Path:
     """A copy of the built repo, artifacts and doit state included and up to date (doit's state holds only
     checkout-relative paths), for a test that changes it: the shared build stays as built, and no test
     spends a rebuild putting it back."""
-    repo = tmp_path / "repo"
-    shutil.copytree(built_repo, repo, symlinks=True, ignore=shutil.ignore_patterns(".lock", "__pycache__"))
-    return repo
+    return copy_build(built_repo, tmp_path / "repo")
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 Imports no torch (collection stays quick); `conftest.py` holds only fixtures and hooks.
 """
 
+import atexit
 import json
 import os
 import shutil
@@ -23,6 +24,109 @@ def copy_repo(dest: Path) -> Path:
     for name in ("src", "tasks", "env"):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "cuda.env"))
+    return dest
+
+
+BUILD_INPUTS = ("dodo.py", "pipeline.toml", "cases.toml", "uv.lock", "src", "tasks", "env")
+
+
+def build_key() -> str:
+    """What the tiny build reads, by content: the checkout's files that `copy_repo` copies, the lock, and the
+    interpreter, torch and the CPU (the compiled kernels are made for its vector ISA)."""
+    import hashlib
+    import platform
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    for name in BUILD_INPUTS:
+        root = REPO / name
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for path in files:
+            if "__pycache__" not in path.parts and path.name != "cuda.env" and path.exists():
+                h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("model name", "flags"))][:2]
+    h.update(f"{sys.version} {version('torch')} {platform.machine()} {cpu}".encode())
+    return h.hexdigest()[:24]
+
+
+def build_root() -> Path:
+    """Where the tests keep builds: $SAM3_AOTI_TEST_BUILDS, else ~/.cache/sam3-aoti/test-builds."""
+    return Path(os.environ.get("SAM3_AOTI_TEST_BUILDS") or Path.home() / ".cache" / "sam3-aoti" / "test-builds")
+
+
+_BUILDING: list = []  # the doit processes this process's background builds run, killed if it exits first
+
+
+def _build_into(done: Path, *args: str) -> None:
+    """`doit ARGS` in a fresh copy of the checkout, renamed to `done` once it succeeded."""
+    scratch = done.with_name(f".{done.name}.building")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    proc = start_doit(copy_repo(scratch), *args)
+    _BUILDING.append(proc)
+    output, _ = proc.communicate()
+    _BUILDING.remove(proc)
+    if proc.returncode != 0:
+        raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{output[-6000:]}")
+    scratch.rename(done)
+
+
+def _stop_builds() -> None:
+    for proc in list(_BUILDING):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+atexit.register(_stop_builds)
+
+
+def start_build(done: Path, *args: str) -> bool:
+    """Build `done` (`doit ARGS` in a copy of the checkout) in a background thread, unless it is built or a
+    thread or process of this machine is building it (a lock beside it): a test run starts its builds at
+    collection, and its first tests run while they build. A failure is left for `wait_for_build`, which then
+    builds it again in the open."""
+    import fcntl
+    import threading
+
+    if done.is_dir():
+        return False
+    done.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(done.with_name(f"{done.name}.lock"), "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return False
+    if done.is_dir():
+        lock.close()
+        return False
+
+    def build() -> None:
+        try:
+            _build_into(done, *args)
+        except Exception:
+            pass
+        finally:
+            lock.close()
+
+    threading.Thread(target=build, name=f"build {done.name}", daemon=True).start()
+    return True
+
+
+def wait_for_build(done: Path, *args: str) -> Path:
+    """`done`, built: waits for whoever is building it (the lock), and builds it here if nobody has."""
+    import fcntl
+
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with open(done.with_name(f"{done.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_dir():
+            _build_into(done, *args)
+    return done
+
+
+def copy_build(built: Path, dest: Path) -> Path:
+    """A copy of a built checkout whose doit state is up to date (it names only checkout-relative paths)."""
+    shutil.copytree(built, dest, symlinks=True, ignore=shutil.ignore_patterns(".lock", "__pycache__"))
     return dest
 
 

@@ -62,6 +62,7 @@ def test_a_bad_pipeline_toml_is_one_line_at_load(tmp_path, old, new, words):
     (lambda t: t + '\n[[case]]\nimage = "tiny.png"\nprompts = ["a dot"]\n', "is 1 x 1 pixels: the package takes images of at least 2 x 2"),
     (lambda t: t + '\n[[case]]\nimage = "skimage:coins"\nboxes = [[0, 0, 500, 40]]\n', "box 0,0,500,40 is outside the 384 x 303 image"),
     (lambda t: t + '\n[[case]]\nimage = "skimage:coins"\nnegative_boxes = [[30, 20, 10, 68]]\n', "has its corners reversed"),
+    (lambda t: t + '\n[[case]]\nimage = "skimage:coins"\nboxes = [[nan, 0, 10, 10]]\n', "box nan,0,10,10 holds a coordinate that is not a finite number"),
     (lambda t: t + '\n[[case]]\nimage = "skimage:coins"\nboxes = [[1, 2, 3]]\n', "boxes must be a list of [x0, y0, x1, y1] boxes"),
     (lambda t: t + '\n[[case]]\nimage = "skimage:coins"\n', "prompts must be a non-empty list of non-empty strings, got None"),
 ])

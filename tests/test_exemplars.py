@@ -161,6 +161,8 @@ def test_the_package_takes_exemplars_from_python(package_path):
         pkg.encode_boxes(features, torch.tensor([[[0.9, 0.9, 0.5, 0.5]]]).repeat(2, 1, 1))
     with pytest.raises(InputError, match="exemplars are for 2 images, features for 1"):
         pkg.decode(tuple(f[:1] for f in features), text, exemplars)
+    with pytest.raises(InputError, match=r"features must be what encode_image returned \(7 tensors: .*got 4 values"):
+        pkg.encode_boxes(features[:4], BOXES[:, :1].repeat(2, 1, 1))
 
 
 def test_predict_with_boxes_alone_beside_a_phrase_and_drawn_on_another_image(package_path, tmp_path):

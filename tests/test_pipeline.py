@@ -13,12 +13,13 @@ import pytest
 
 from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
-STAGES = {"toolchain", "weights", "export", "compile", "package", "verify", "render"}
+STAGES = {"toolchain", "weights", "export", "fallback", "compile", "package", "verify", "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
     art = built_repo / TINY
     for rel in ["weights/checkpoint/model.safetensors", "export/programs.pt2", "export/program.json",
+                "export/programs.portable.pt2",
                 "compiled/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
                 "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
                 *(f"logs/{s}.log" for s in STAGES)]:
@@ -109,7 +110,7 @@ def test_new_weights_repackage_without_recompiling_and_a_killed_run_redoes_only_
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)  # doit and its verify process, as a power cut would
     first = run.communicate()[0]
-    assert {"weights", "export", "package"} <= executed(subprocess.CompletedProcess([], 0, first, ""))
+    assert {"weights", "export", "fallback", "package"} <= executed(subprocess.CompletedProcess([], 0, first, ""))
     assert ".  compile" not in first and (art / "compiled" / "index.json").read_bytes() == index
     assert executed(run_doit(own_build, "device=cpu")) == {"verify", "render"}
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]

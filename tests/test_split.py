@@ -115,7 +115,7 @@ def test_the_fallback_stores_each_tensor_once(package_path, package):
     and no two tensor files hold the same bytes (torch's `package_pt2` wrote them again for every program)."""
     from sam3_aoti.aoti.weights_blob import tensor_entries
     from sam3_aoti.runtime.archive import fallback_of
-    from sam3_aoti.stages.export import TENSOR_FILES
+    from sam3_aoti.model.exporting import TENSOR_FILES
 
     with zipfile.ZipFile(fallback_of(package_path)) as archive:
         entries = {name: tensor_entries(archive, name) for name in ("model", *PART_NAMES)}
@@ -174,8 +174,9 @@ def test_verify_gates_the_split_path_and_info_lists_the_parts(built_repo):
 def test_compiles_at_once_fit_the_cores_and_the_memory():
     from sam3_aoti.stages.compile import compile_workers
 
-    assert compile_workers(5, 2 << 30, cores=16, memory=128 << 30) == 4  # the H200: a quarter of its cores
-    assert compile_workers(5, 8 << 30, cores=16, memory=64 << 30) == 2  # big weights: a third of the memory
-    assert compile_workers(5, 2 << 30, cores=2, memory=24 << 30) == 1  # CI's machine: one at a time
-    assert compile_workers(2, 1, cores=64, memory=1 << 40) == 2  # never more than the models
-    assert compile_workers(5, 64 << 30, cores=16, memory=16 << 30) == 1  # at least one
+    assert compile_workers(5, 2 << 30, "cuda", cores=16, memory=128 << 30) == 4  # the H200: a quarter of its cores
+    assert compile_workers(5, 8 << 30, "cuda", cores=16, memory=64 << 30) == 2  # big weights: a third of the memory
+    assert compile_workers(5, 2 << 30, "cuda", cores=2, memory=24 << 30) == 1  # a small GPU box: one at a time
+    assert compile_workers(6, 20 << 20, "cpu", cores=2, memory=24 << 30) == 2  # CI's machine, tiny: one a core
+    assert compile_workers(2, 1, "cuda", cores=64, memory=1 << 40) == 2  # never more than the models
+    assert compile_workers(5, 64 << 30, "cpu", cores=16, memory=16 << 30) == 1  # at least one
