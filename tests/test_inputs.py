@@ -133,3 +133,51 @@ def test_images_are_read_as_a_viewer_shows_them(tmp_path):
     Image.fromarray(np.full((5, 7), 0.5, np.float32), mode="F").save(tmp_path / "float.tif")
     assert image_reader.read_image(tmp_path / "float.tif")[0, 0].tolist() == [128, 128, 128]
     assert image_reader.array_to_rgb8(np.full((3, 4), 65535, np.uint16))[0, 0].tolist() == [255, 255, 255]
+
+
+@pytest.mark.parametrize("text", ["nan,0,10,10", "0,0,inf,10", "0,0,10", "a,b,c,d"])
+def test_a_box_that_is_not_four_finite_numbers_is_one_line(text):
+    from sam3_aoti.runtime.exemplars import parse_box
+
+    with pytest.raises(InputError, match=r"is not X0,Y0,X1,Y1: give four finite numbers"):
+        parse_box(text)
+
+
+def test_a_corner_that_is_not_a_number_is_named_wherever_a_box_enters():
+    """NaN passes every comparison: the Python API's pixel corners (and cases.toml's, through check_corners)
+    name the box instead of reaching the package."""
+    from sam3_aoti.runtime.exemplars import check_corners, normalized_boxes
+
+    for check in (lambda c: check_corners(c, 100, 80), lambda c: normalized_boxes(c, [1], 100, 80)):
+        with pytest.raises(InputError, match=r"box nan,0,10,10 holds a coordinate that is not a finite number"):
+            check([(float("nan"), 0, 10, 10)])
+
+
+def segment_in_process(capsys, *args: str) -> tuple[int, str]:
+    from sam3_aoti.runtime.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["segment", *args])
+    return stopped.value.code, capsys.readouterr().err
+
+
+def test_segment_checks_prompts_and_boxes_before_ray_starts(tmp_path, capsys):
+    """`--box -5,10,50,40` is a box (argparse took it for an option), refused for what is wrong with it; an empty
+    prompt is one line; both before Ray or the package is touched."""
+    folder = tmp_path / "tiles"
+    folder.mkdir()
+    Image.new("RGB", (64, 48)).save(folder / "a.png")
+    common = ["--package", str(tmp_path / "none.pt2"), "--output", str(tmp_path / "out")]
+    code, err = segment_in_process(capsys, str(folder), *common, "--prompt", "a roof", "--box", "-5,10,50,40",
+                                   "--boxes-on", str(folder / "a.png"))
+    assert code == 2 and "box -5,10,50,40 is outside the 64 x 48 image" in err, err
+    code, err = segment_in_process(capsys, str(folder), *common, "--prompt", "")
+    assert code == 2 and "prompt '' is empty" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_predict_takes_a_negative_box_as_a_box():
+    from sam3_aoti.runtime.cli import boxes_as_values
+
+    assert boxes_as_values(["predict", "p", "--box", "-5,10,50,60", "--negative-box", "-.5,1,2,3", "--prompt", "-x"]) \
+        == ["predict", "p", "--box=-5,10,50,60", "--negative-box=-.5,1,2,3", "--prompt", "-x"]

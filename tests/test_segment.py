@@ -19,6 +19,8 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins")
 PROMPTS = ("a person", "a cat")
 THRESHOLD = "0.2"
 SRC = str(Path(__file__).parent.parent / "src")
+# One worker runs them all, one after the other: each starts a local Ray, and the kill tests find actors by name.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def write_photos(folder: Path, copies: int = 1) -> list[Path]:
@@ -119,6 +121,10 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     photos = tmp_path / "photos"
     write_photos(photos)
     bad = write_bad_files(photos)
+    (photos / "gone.jpg").symlink_to(photos / "nothing.jpg")
+    (photos / "sub").mkdir()
+    (photos / "sub" / b"caf\xe9.png".decode("utf-8", "surrogateescape")).write_bytes((photos / "dot.png").read_bytes())
+    bad.update({"gone.jpg": "a link to nothing", "caf\\xe9.png": "its name is not valid UTF-8"})
     out = tmp_path / "out"
     proc = segment(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out),
                    "--batch-size", "4")
@@ -145,6 +151,7 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     again = summary_of(segment(str(photos), "--package", str(package_path), *prompt_args(), "--output",
                                str(out)).stdout)
     assert again["segmented"] == 0 and again["skipped"] == len(PHOTOS)  # done; only the bad files tried again
+    assert pq.read_table(out / "errors").num_rows == len(bad)  # each listed once
     assert len(rows(out)) == sum(map(len, found.values()))
 
 
@@ -235,14 +242,21 @@ def segmenter_pids() -> list[int]:
     return found
 
 
-def test_an_interrupted_run_resumes_and_writes_each_image_once(package_path, tmp_path):
-    photos = tmp_path / "photos"
-    write_photos(photos, copies=3)
-    out = tmp_path / "out"
+def run_until_a_part(package_path, tmp_path, copies: int) -> tuple[subprocess.Popen, Path, list[str]]:
+    """`segment` of `copies` of each photograph into tmp_path/out, batches and parts of two, in the background,
+    once its first part is committed: (the process, the output, its arguments)."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    write_photos(photos, copies=copies)
     args = [str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out), "--batch-size", "2",
             "--part-images", "2"]
     run = run_in_background(*args)
     wait_for(lambda: parts(out) or run.poll() is not None)
+    return run, out, args
+
+
+def test_an_interrupted_run_resumes_and_writes_each_image_once(package_path, tmp_path):
+    run, out, args = run_until_a_part(package_path, tmp_path, copies=3)
+    photos = tmp_path / "photos"
     os.killpg(run.pid, signal.SIGKILL)  # the driver and its local Ray, as a power cut would
     run.wait()
     first = set(committed_sources(out))
@@ -265,12 +279,8 @@ def test_an_interrupted_run_resumes_and_writes_each_image_once(package_path, tmp
 
 
 def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(package_path, tmp_path):
+    run, out, _ = run_until_a_part(package_path, tmp_path, copies=4)
     photos = tmp_path / "photos"
-    write_photos(photos, copies=4)
-    out = tmp_path / "out"
-    run = run_in_background(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out),
-                            "--batch-size", "2", "--part-images", "2")
-    wait_for(lambda: parts(out) or run.poll() is not None)
     pids = segmenter_pids()
     assert pids and run.poll() is None, "no Segmenter actor to kill"
     for pid in pids:
@@ -348,3 +358,184 @@ def test_a_collection_is_a_folder_a_glob_or_a_list_each_image_once(tmp_path):
     listing.write_text(f"# tiles\n{photos[1].name}\n\n{photos[0]}\n{photos[1]}\n".replace(
         photos[1].name, f"photos/{photos[1].name}", 1))
     assert list_sources(str(listing)) == sorted({str(photos[0]), str(photos[1])})
+
+
+def test_listing_follows_linked_folders_once_and_takes_a_bracketed_folder_for_itself(tmp_path):
+    """A folder named like a glob is that folder; a linked folder is listed, a link back up is no loop."""
+    from PIL import Image
+
+    from sam3_aoti.runtime.segment.sources import list_sources
+
+    tiles, elsewhere = tmp_path / "tiles [2024]*", tmp_path / "elsewhere"
+    (tiles / "a").mkdir(parents=True)
+    elsewhere.mkdir()
+    Image.new("RGB", (4, 4)).save(tiles / "a" / "x.png")
+    Image.new("RGB", (4, 4)).save(elsewhere / "y.png")
+    (tiles / "linked").symlink_to(elsewhere)
+    (tiles / "a" / "up").symlink_to(tiles)
+    assert list_sources(str(tiles)) == [str(tiles / "a" / "x.png"), str(tiles / "linked" / "y.png")]
+
+
+def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_path):
+    import threading
+
+    from sam3_aoti.errors import PackageError
+    from sam3_aoti.runtime.segment.sources import read_source
+
+    fifo, folder = tmp_path / "pipe.png", tmp_path / "folder.png"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    for name in (fifo, folder):
+        raised = []
+        reader = threading.Thread(target=lambda: raised.append(pytest.raises(PackageError, read_source, str(name))),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=20)
+        assert not reader.is_alive(), f"reading {name.name} blocked"
+        assert raised and "is not a regular file" in str(raised[0].value)
+
+
+def test_errors_list_each_failing_file_once_across_reruns_until_it_is_segmented(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.runtime.segment.worker import segmented_schema
+
+    def results(*rows):
+        return pa.Table.from_pylist([{"source": s, "width": 4, "height": 4, "error": e, "seconds": 0.1,
+                                      "instances": []} for s, e in rows], schema=segmented_schema())
+
+    def listed() -> list[str]:
+        return sorted(pq.read_table(tmp_path / "out" / "errors").column("source").to_pylist())
+
+    settings = {"prompts": ["a roof"]}
+    for run in range(3):  # each rerun retries the failing files and fails again
+        out = Output(tmp_path / "out", settings)
+        out.add(results(("a.png", "cannot read a.png"), ("b.png", "truncated"), ("c.png", None)))
+        out.flush()
+        out.close()
+        assert out.failed == 2 and listed() == ["a.png", "b.png"]
+    out = Output(tmp_path / "out", settings)  # a.png mended: segmented, and no longer listed as failing
+    out.add(results(("a.png", None), ("b.png", "truncated")))
+    out.flush()
+    assert listed() == ["b.png"] and out.done == {"a.png", "c.png"}
+
+
+def test_a_second_run_into_an_output_a_live_run_holds_refuses(tmp_path):
+    from sam3_aoti.errors import ConfigError
+    from sam3_aoti.runtime.segment.dataset import Output
+
+    first = Output(tmp_path / "out", {"prompts": ["a roof"]})
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'out'} is being written by another segment run \(pid {os.getpid()}\)"):
+        Output(tmp_path / "out", {"prompts": ["a roof"]})
+    first.close()  # the first run ends: the next one resumes
+    assert Output(tmp_path / "out", {"prompts": ["a roof"]}).done == set()
+
+
+def test_listing_names_what_it_leaves_out(tmp_path):
+    from sam3_aoti.runtime.segment.sources import list_sources
+
+    folder = tmp_path / "tiles"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"")
+    (folder / "gone.jpg").symlink_to(folder / "nothing.jpg")
+    (folder / b"caf\xe9.png".decode("utf-8", "surrogateescape")).write_bytes(b"")
+    problems = []
+    assert list_sources(str(folder), problems) == [str(folder / "a.png")]
+    assert sorted(problems) == [(str(folder / "caf\\xe9.png"), "its name is not valid UTF-8: rename the file"),
+                                (str(folder / "gone.jpg"), "a link to nothing: mend or remove it")]
+
+
+@pytest.mark.parametrize("folder, damage", [
+    ("images", lambda data: data[: len(data) // 2]),
+    ("instances", lambda data: b""),
+    ("instances", lambda data: b"not parquet at all, " * 20),
+])
+def test_a_damaged_committed_part_is_named_and_its_images_are_done_again(tmp_path, folder, damage):
+    import pyarrow as pa
+
+    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.runtime.segment.worker import segmented_schema
+
+    settings = {"prompts": ["a roof"]}
+    out = Output(tmp_path / "out", settings, part_images=2)
+    for pair in (("a.png", "b.png"), ("c.png", "d.png")):  # two parts
+        out.add(pa.Table.from_pylist([{"source": s, "width": 4, "height": 4, "error": None, "seconds": 0.1,
+                                       "instances": []} for s in pair], schema=segmented_schema()))
+    out.flush()
+    out.close()
+    first = sorted((tmp_path / "out" / folder).glob("part-*.parquet"))[0]
+    first.write_bytes(damage(first.read_bytes()))
+    again = Output(tmp_path / "out", settings)
+    assert again.done == {"c.png", "d.png"}  # the damaged part's images are segmented again
+    assert len(again.damaged) == 1 and again.damaged[0].startswith(first.name)
+    assert not (tmp_path / "out" / "images" / first.name).exists()
+
+
+def test_the_exemplar_image_is_named_by_its_content(package_path, tmp_path):
+    """Other pixels under the same name are other settings: a resumed run refuses them in one line."""
+    from sam3_aoti.runtime.segment.dataset import Output
+
+    write_photos(tmp_path / "photos")
+    exemplar, out = tmp_path / "photos" / "astronaut-0.png", tmp_path / "out"
+    digest = Path(f"{package_path}.sha256").read_text().split()[0]
+    Output(out, {"package_sha256": digest, "prompts": ["a person"], "threshold": 0.5, "boxes": [[10.0, 10.0, 60.0, 60.0]],
+                 "labels": [1], "boxes_on": str(exemplar), "boxes_on_sha256": "0" * 64}).close()
+    proc = segment(str(tmp_path / "photos"), "--package", str(package_path), "--prompt", "a person", "--box",
+                   "10,10,60,60", "--boxes-on", str(exemplar), "--output", str(out), check=False)
+    assert proc.returncode == 2 and "holds a run with other settings (boxes_on_sha256)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("errno_, words", [(28, "No space left on device"), (30, "Read-only file system"),
+                                           (13, "Permission denied")])
+def test_writing_under_the_output_fails_in_one_line_and_leaves_nothing_half_written(tmp_path, monkeypatch,
+                                                                                    errno_, words):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sam3_aoti.errors import Sam3AotiError
+    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.runtime.segment.worker import segmented_schema
+
+    out = Output(tmp_path / "out", {"prompts": ["a roof"]})
+    out.add(pa.Table.from_pylist([{"source": "a.png", "width": 4, "height": 4, "error": None, "seconds": 0.1,
+                                   "instances": []}], schema=segmented_schema()))
+    real = pq.write_table
+
+    def fails(table, where, *args, **kwargs):
+        real(table, where, *args, **kwargs)  # the temporary exists, then the disk says no
+        raise OSError(errno_, os.strerror(errno_), str(where))
+
+    monkeypatch.setattr(pq, "write_table", fails)
+    with pytest.raises(Sam3AotiError, match=rf"cannot write under --output {tmp_path / 'out'}: {words}") as failed:
+        out.flush()
+    assert "\n" not in str(failed.value) and failed.value.exit_code == 1
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == [".lock", "segment.json"]
+
+
+def session_members(sid: int) -> list[int]:
+    """The processes of a session (a driver started with start_new_session, and the local Ray it started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_driver_commits_what_came_back_ends_its_ray_and_exits_130(package_path, tmp_path, how):
+    run, out, _ = run_until_a_part(package_path, tmp_path, copies=3)
+    assert len(session_members(run.pid)) > 1  # the driver and the Ray it started
+    run.send_signal(how)  # the driver alone: its Ray is its business
+    _, err = run.communicate(timeout=180)
+    assert run.returncode == 130 and err.strip().splitlines()[-1] == "sam3-aoti: interrupted", err[-3000:]
+    assert "Traceback" not in err
+    wait_for(lambda: not session_members(run.pid), timeout=30)  # nothing of the run or its Ray is left
+    assert 0 < len(committed_sources(out)) < 3 * len(PHOTOS)

@@ -187,6 +187,21 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
+BOX_OPTIONS = ("--box", "--negative-box")
+
+
+def boxes_as_values(argv: list[str]) -> list[str]:
+    """`--box -5,10,50,60` as `--box=-5,10,50,60`: argparse takes a value that starts with `-` and is no plain
+    number for an option, and would say "expected one argument" instead of checking the box."""
+    out = []
+    for arg in argv:
+        if out and out[-1] in BOX_OPTIONS and arg.startswith("-") and (arg[1:2].isdigit() or arg[1:2] == "."):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def run_command(argv: list[str] | None) -> None:
     from .. import __version__
 
@@ -256,7 +271,7 @@ def run_command(argv: list[str] | None) -> None:
     gen = cache_commands.add_parser("keygen", help="write a new ed25519 signing key; print its public key")
     gen.add_argument("name", help="the key's name, e.g. builder-1.example.org (signatures carry it)")
     gen.add_argument("--out", type=Path, required=True, help="file for the secret key (created, mode 600)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(boxes_as_values(sys.argv[1:] if argv is None else list(argv)))
     if args.command == "pull":
         pull(args.url, args.ref, args.dest, args.trusted_key, args.allow_older)
         return

@@ -4,6 +4,8 @@ normalized (cx, cy, w, h) with labels, padded per image as transformers' `input_
 
 from __future__ import annotations
 
+import math
+
 from ..errors import InputError
 from .contract import MAX_BOXES, NEGATIVE, PADDING, POSITIVE
 
@@ -15,8 +17,9 @@ def parse_box(text: str) -> tuple[float, float, float, float]:
         values = tuple(float(p) for p in parts)
     except ValueError:
         values = ()
-    if len(values) != 4:
-        raise InputError(f"box {text!r} is not X0,Y0,X1,Y1: give four numbers, pixels of the image, comma-separated")
+    if len(values) != 4 or not all(map(math.isfinite, values)):
+        raise InputError(f"box {text!r} is not X0,Y0,X1,Y1: give four finite numbers, pixels of the image, "
+                         "comma-separated")
     return values
 
 
@@ -30,6 +33,8 @@ def check_corners(corners: list, width: int, height: int) -> None:
                          "keep the most telling ones")
     for x0, y0, x1, y1 in corners:
         name = f"box {x0:g},{y0:g},{x1:g},{y1:g}"
+        if not all(map(math.isfinite, (x0, y0, x1, y1))):  # NaN passes every comparison below
+            raise InputError(f"{name} holds a coordinate that is not a finite number: give pixels of the image")
         if x1 < x0 or y1 < y0:
             raise InputError(f"{name} has its corners reversed: give X0,Y0 (top left) before X1,Y1 (bottom right)")
         if x1 == x0 or y1 == y0:

@@ -86,8 +86,13 @@ class Sam3Package:
         int64, 1 positive, 0 negative, -10 padding (images with fewer boxes), all positive when left out."""
         import torch
 
+        from .contract import IMAGE_FEATURES
         from .exemplars import check_boxes
 
+        if not isinstance(features, (tuple, list)) or len(features) != len(IMAGE_FEATURES):
+            got = f"{len(features)} values" if isinstance(features, (tuple, list)) else type(features).__name__
+            raise InputError(f"features must be what encode_image returned ({len(IMAGE_FEATURES)} tensors: "
+                             f"{', '.join(IMAGE_FEATURES)}), got {got}")
         if labels is None and isinstance(boxes, torch.Tensor):
             labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
         check_boxes(boxes, labels, features[0].shape[0], self.metadata.get("device", "cpu"))

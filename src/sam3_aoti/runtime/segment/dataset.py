@@ -5,7 +5,8 @@
     DIR/instances/part-RUN-SEQ.parquet  one row per instance (source, width, height, prompt, query, score,
                                       box_xyxy, mask_area, mask_counts: COCO RLE of the mask at the image's size)
     DIR/images/part-RUN-SEQ.parquet   one row per image segmented (with no instances too): the commit record
-    DIR/errors/part-RUN-SEQ.parquet   the files that could not be segmented, with the one-line reason
+    DIR/errors/part-RUN-SEQ.parquet   the files that could not be segmented, each once across runs (until one
+                                      segments it), with the one-line reason
 
 One process writes (the driver), a part at a time: its instances file, then its images file, each through a
 temporary name renamed into place. A part is committed when its images file exists; a resumed run first removes
@@ -21,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ...errors import ConfigError
+from ...errors import ConfigError, Sam3AotiError, first_line
 
 INSTANCE_COLUMNS = ("source", "width", "height", "prompt", "query", "score", "box_xyxy", "mask_area", "mask_counts")
 
@@ -67,8 +68,11 @@ class Output:
         self.failed_sources = set()
         self.written = 0
         self.failed = 0
-        self._open(settings)
-        self.done = self._committed()
+        try:
+            self._open(settings)
+            self.done = self._committed()
+        except OSError as e:
+            raise self._cannot_write(e) from None
 
     def _open(self, settings: dict) -> None:
         if self.folder.exists() and not self.folder.is_dir():
@@ -83,14 +87,38 @@ class Output:
                 changed = sorted(k for k in settings if not isinstance(before, dict) or before.get(k) != settings[k])
                 raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed) or 'unreadable'}"
                                   "): pass another --output, or the same settings to resume it")
-        elif self.folder.is_dir() and any(self.folder.iterdir()):
+        elif self.folder.is_dir() and any(p.name != ".lock" for p in self.folder.iterdir()):
             raise ConfigError(f"{self.folder} is not empty and holds no segment run: pass a new or empty folder")
+        self._hold()
         for name in ("instances", "images", "errors"):
             (self.folder / name).mkdir(parents=True, exist_ok=True)
         if not record.is_file():
             tmp = record.with_name(f".segment.json.{uuid.uuid4().hex[:8]}.tmp")
             tmp.write_text(json.dumps(settings, indent=2) + "\n")
             os.replace(tmp, record)
+
+    def _hold(self) -> None:
+        """One writer per output: DIR/.lock, held while this run lives (the kernel lets go when it ends, however it
+        ends); a second run into DIR refuses in one line naming the first."""
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.folder / ".lock", "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            raise ConfigError(f"{self.folder} is being written by another segment run ({holder}): let it end, or "
+                              "pass another --output") from None
+        self._lock.truncate(0)
+        self._lock.write(f"pid {os.getpid()}")
+        self._lock.flush()
+
+    def close(self) -> None:
+        """This run is over: the next one may write."""
+        self._lock.close()
 
     def _committed(self) -> set[str]:
         """The sources of committed parts; uncommitted instances files and temporaries removed."""
@@ -102,9 +130,40 @@ class Output:
                 if path.name.endswith(".tmp") or (folder == "instances" and path.name not in committed):
                     path.unlink()
         done = set()
+        self.damaged = []  # committed parts that do not read: removed, their images segmented again
         for name in sorted(committed):
-            done.update(pq.read_table(self.folder / "images" / name, columns=["source"]).column(0).to_pylist())
+            try:
+                pq.ParquetFile(self.folder / "instances" / name).metadata  # its footer: truncated, empty, not Parquet
+                done.update(pq.read_table(self.folder / "images" / name, columns=["source"]).column(0).to_pylist())
+            except Exception as e:  # pyarrow's ArrowInvalid, OSError
+                self.damaged.append(f"{name} ({first_line(e)})")
+                for folder in ("images", "instances"):  # the commit record first: never half a part believed
+                    (self.folder / folder / name).unlink(missing_ok=True)
+        self.listed_errors = self._prune_errors(done)
         return done
+
+    def _prune_errors(self, done: set[str]) -> set[str]:
+        """errors/ with each failing file once: rows of images committed since, and second rows of one file, are
+        dropped (a part rewritten whole, through a temporary name). Returns the files it still lists."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        listed = set()
+        for path in sorted((self.folder / "errors").glob("part-*.parquet")):
+            try:
+                rows = pq.read_table(path).to_pylist()
+            except Exception as e:  # a damaged list of errors: its files are tried again, and listed again
+                self.damaged.append(f"errors/{path.name} ({first_line(e)})")
+                path.unlink()
+                continue
+            keep = [r for r in rows if r["source"] not in done and r["source"] not in listed]
+            listed.update(r["source"] for r in keep)
+            if len(keep) < len(rows):
+                if keep:
+                    self._write(pa.Table.from_pylist(keep, schema=errors_schema()), "errors", path.name)
+                else:
+                    path.unlink()
+        return listed
 
     def add(self, table) -> None:
         """Results of segmented images (`worker.segmented_schema`): errors listed, the rest committed a part at a
@@ -114,7 +173,9 @@ class Output:
                 continue
             if row["error"]:
                 self.failed_sources.add(row["source"])
-                self.errors.append({"source": row["source"], "error": row["error"]})
+                self.failed += 1
+                if row["source"] not in self.listed_errors:  # an earlier run listed it: once is enough
+                    self.errors.append({"source": row["source"], "error": row["error"]})
                 continue
             self.done.add(row["source"])
             self.pending.append(row)
@@ -134,9 +195,10 @@ class Output:
                        "instances": len(r["instances"]), "seconds": r["seconds"]} for r in self.pending]
             self._write(pa.Table.from_pylist(images, schema=images_schema()), "images", name)  # the commit
             self.written += len(self.pending)
+            if self.listed_errors & {r["source"] for r in self.pending}:  # failed before, segmented now
+                self.listed_errors = self._prune_errors(self.done)
         if self.errors:
             self._write(pa.Table.from_pylist(self.errors, schema=errors_schema()), "errors", name)
-            self.failed += len(self.errors)
         if self.pending or self.errors:
             self.seq += 1
         self.pending, self.errors = [], []
@@ -146,10 +208,18 @@ class Output:
 
         target = self.folder / folder / name
         tmp = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            pq.write_table(table, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except OSError as e:  # nothing half-written: the temporary goes, what was committed stays
+            tmp.unlink(missing_ok=True)
+            raise self._cannot_write(e) from None
+
+    def _cannot_write(self, e: OSError) -> Sam3AotiError:
+        return Sam3AotiError(f"cannot write under --output {self.folder}: {e.strerror or e} ({e.filename or self.folder}); "
+                             "free space or make it writable, then run again (what was committed is kept)")
 
 
 def read_instances(folder: Path):

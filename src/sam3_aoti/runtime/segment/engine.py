@@ -10,6 +10,8 @@ shared folder), credentials for a bucket included (AWS_* in the workers' environ
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -88,33 +90,53 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
 
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
+    if prompts:  # one line now, not a trace from every actor
+        from ..tokenizer import encode_prompts
+
+        encode_prompts(list(prompts))
     if boxes and not boxes_on:
         raise ConfigError("--box corners are pixels of one image: name it with --boxes-on IMAGE (its exemplars "
                           "are searched for in every image of the collection)")
     t0 = time.perf_counter()
-    sources = list_sources(collection)
+    unlisted: list = []  # what the listing left out, and why: the run's first error rows
+    sources = list_sources(collection, unlisted)
     if boxes:  # checked here, in one line, not in every actor
         from ..exemplars import normalized_boxes
-        from .sources import decode, is_url
+        import hashlib
+        import io
+
+        from ..images import decode_image
+        from .sources import is_url, read_source
 
         boxes_on = boxes_on if is_url(boxes_on) else str(Path(boxes_on).absolute())
-        drawn_on = decode(boxes_on)
+        data = read_source(boxes_on)
+        exemplar_sha256 = hashlib.sha256(data).hexdigest()  # the exemplars are its pixels: settings name its content
+        drawn_on = decode_image(io.BytesIO(data), boxes_on)
         normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
     run = new_run_id()
     spec, local, digest = package_identity(package, ref, cache, list(trusted), sha256, trust)
     info = archive_info(local, trust=trust, sha256=digest)  # one line now for a bad package, not one per actor
     device = info["device"] or "cpu"
     settings = {"package_sha256": digest, "prompts": list(prompts) or [VISUAL_PROMPT], "threshold": threshold,
-                "boxes": [list(b) for b in boxes], "labels": list(labels), "boxes_on": boxes_on}
+                "boxes": [list(b) for b in boxes], "labels": list(labels), "boxes_on": boxes_on,
+                **({"boxes_on_sha256": exemplar_sha256} if boxes else {})}
     out = Output(output, settings, part_images, run)
-    todo = [s for s in sources if s not in out.done]
-    say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
-        f"{len(todo)} to segment")
-    ran = {"actors": 0, "first_at": None, "after_first": 0}
-    if todo:
-        ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
-            package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
-            labels=list(labels), boxes_on=boxes_on, sha256=None if isinstance(spec, dict) else digest, trust=trust))
+    for part in out.damaged:
+        say(f"{part}: damaged, removed; its images are segmented again")
+    try:
+        if unlisted:
+            out.add(error_rows(unlisted))
+        todo = [s for s in sources if s not in out.done]
+        say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
+            f"{len(todo)} to segment")
+        ran = {"actors": 0, "first_at": None, "after_first": 0}
+        if todo:
+            ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
+                package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
+                labels=list(labels), boxes_on=boxes_on, sha256=None if isinstance(spec, dict) else digest,
+                trust=trust, boxes_on_sha256=settings.get("boxes_on_sha256")))
+    finally:
+        out.close()
     seconds = time.perf_counter() - t0
     first = ran["first_at"] - t0 if ran["first_at"] else None
     running = seconds - first if first is not None else None  # from the first results on: Ray up, packages loaded
@@ -128,20 +150,56 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
     return summary
 
 
+def error_rows(problems: list):
+    """(name, reason) pairs as the rows of images that could not be segmented."""
+    import pyarrow as pa
+
+    from .worker import segmented_schema
+
+    return pa.Table.from_pylist([{"source": name, "width": 0, "height": 0, "error": reason, "seconds": 0.0,
+                                  "instances": []} for name, reason in problems], schema=segmented_schema())
+
+
 def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, actors: int | None, batch_size: int,
                 segmenter: dict) -> dict:
     """The run through Ray Data, its results into `out`; returns how many model actors ran, when the first
     results came (`first_at`, perf_counter) and how many images came after them."""
     import ray
 
-    from .worker import Segmenter, decode_batch
-
-    if not ray.is_initialized():
+    started_here = not ray.is_initialized()
+    if started_here:
         try:
             ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
             raise ConfigError(f"cannot start or reach Ray{f' at {ray_address}' if ray_address else ''} "
                               f"({first_line(e)})") from None
+    with stopped_by_signals(ray if started_here else None):
+        return _run_with_ray(ray, todo, out, device, actors, batch_size, segmenter)
+
+
+@contextlib.contextmanager
+def stopped_by_signals(ray):
+    """Ctrl-C or SIGTERM to the driver ends the run as an interrupt (what came back is committed; exit 130), and
+    `ray` (the Ray this run started, not a cluster it joined) is shut down with it, on every way out."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    import threading
+
+    here = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    before = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if here else {}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if ray is not None:
+            ray.shutdown()
+
+
+def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, batch_size: int, segmenter: dict) -> dict:
+    from .worker import Segmenter, decode_batch
+
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     resources = ray.cluster_resources()
@@ -170,7 +228,10 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
                 last = time.perf_counter()
                 done = out.written + len(out.pending)
                 say(f"{done} of {len(todo)} images ({done / max(last - t0, 1e-9):.1f}/s), "
-                    f"{out.failed + len(out.errors)} unreadable")
+                    f"{out.failed} unreadable")
+    except KeyboardInterrupt:
+        out.flush()  # what came back is committed: the next run goes on from there
+        raise
     except Exception as e:  # Ray's wrapper around what failed in a worker: the worker's own one line if it has one
         out.flush()  # what came back is committed: the next run goes on from there
         raise worker_error(e) from None

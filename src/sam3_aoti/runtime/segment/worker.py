@@ -95,11 +95,12 @@ class Segmenter:
     (`decode_batch`); the result has `source`, `width`, `height`, `error`, `seconds` and `instances` (a list per
     image of `INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
     `{"cache", "ref", "trusted", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
-    `labels` 1 or 0) are drawn on the image `boxes_on` and searched for in every image. On a GPU the model
+    `labels` 1 or 0) are drawn on the image `boxes_on` (whose bytes must have `boxes_on_sha256`, when given) and
+    searched for in every image. On a GPU the model
     replays a CUDA graph per batch shape."""
 
     def __init__(self, package, prompts=(), threshold: float = 0.5, boxes=(), labels=(), boxes_on: str | None = None,
-                 sha256: str | None = None, trust: bool = False):
+                 sha256: str | None = None, trust: bool = False, boxes_on_sha256: str | None = None):
         import torch
 
         from ..contract import VISUAL_PROMPT
@@ -121,7 +122,7 @@ class Segmenter:
         with torch.inference_mode():
             self.token_ids = self.package.encode_prompts(self.prompts).to(self.device)
             if boxes:
-                drawn_on = decode(boxes_on)
+                drawn_on = decode(boxes_on, boxes_on_sha256)
                 normalized = normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
                 features = self.package.encode_image(self.package.transforms(to_tensor(drawn_on, self.device)))
                 self.exemplars = self.package.encode_boxes(features, *(t.to(self.device) for t in normalized))
