@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,11 +59,12 @@ def quick(scratch: Path, out: Path) -> dict:
     alone, output, rc = timed(command, repo, log=out / "quick.log")
     other = clone(scratch / "beside")
     timed(["uv", "sync", "--locked"], other)
+    # The build as from another terminal: a session of its own (the kernel shares the cores between sessions).
     build = subprocess.Popen(["uv", "run", "--locked", "doit"], cwd=other, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, start_new_session=True)
     time.sleep(20)  # the build under way (export, then compile on every core)
     beside, _, rc_beside = timed(command, repo, log=out / "quick-beside-a-build.log")
-    build.kill()
+    os.killpg(build.pid, signal.SIGKILL)  # doit, its stages and their compile workers
     build.wait()
     summary = next((line for line in reversed(output.splitlines()) if " passed" in line), "")
     return {"alone_s": alone, "exit": rc, "summary": summary.strip("= "),

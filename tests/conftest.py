@@ -20,6 +20,29 @@ def pytest_configure(config):
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
+def busy_cores(seconds: float = 0.3) -> float:
+    """How many of this machine's cores are busy now: /proc/stat's busy jiffies over a short interval."""
+    import time
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    (total0, idle0), _, (total1, idle1) = sample(), time.sleep(seconds), sample()
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core that is idle now (as `make -l` holds back under load), and no workers (the run
+    in this process) when fewer than two are: a worker costs its own imports and collection, about 8 core-seconds,
+    which a machine busy with a build cannot spare (docs/testing.md)."""
+    try:
+        idle = len(os.sched_getaffinity(0)) - round(busy_cores())
+    except OSError:
+        idle = os.cpu_count() or 1
+    return idle if idle >= 2 else 0
+
+
 def the_build() -> Path:
     """The tiny build of this checkout's content, kept per content (`helpers.build_key`)."""
     return build_root() / build_key()
