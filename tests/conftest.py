@@ -10,12 +10,16 @@ from helpers import TINY, build_key, build_root, copy_build, start_build, wait_f
 
 
 def pytest_configure(config):
-    """Remembered package checks (integrity.py) go to a folder of this run, not the user's cache. A run has one
-    id, which its xdist workers share."""
+    """Remembered package checks (integrity.py) go to a folder of this run, not the user's cache; torch gets one
+    thread. A run has one id, which its xdist workers share."""
     import tempfile
     import uuid
 
     os.environ["SAM3_AOTI_CACHE"] = tempfile.mkdtemp(prefix="sam3-aoti-cache-")
+    # One OpenMP thread per process of the run (unless set): the tiny model gains little from intra-op threads,
+    # and beside xdist workers or a build, torch's default (a thread per core) oversubscribes the cores, where
+    # OpenMP's waiting threads spin: the quick loop beside a tiny build took 183 s with the default, 49 s so.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 

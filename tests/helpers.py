@@ -32,7 +32,7 @@ BUILD_INPUTS = ("dodo.py", "pipeline.toml", "cases.toml", "uv.lock", "src", "tas
 
 def build_key() -> str:
     """What the tiny build reads, by content: the checkout's files that `copy_repo` copies, the lock, and the
-    interpreter, torch and the CPU (the compiled kernels are made for its vector ISA)."""
+    interpreter, torch, the CPU (the compiled kernels are made for its vector ISA) and OpenMP's thread count."""
     import hashlib
     import platform
     from importlib.metadata import version
@@ -45,7 +45,8 @@ def build_key() -> str:
             if "__pycache__" not in path.parts and path.name != "cuda.env" and path.exists():
                 h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("model name", "flags"))][:2]
-    h.update(f"{sys.version} {version('torch')} {platform.machine()} {cpu}".encode())
+    threads = os.environ.get("OMP_NUM_THREADS")  # Inductor writes CPU kernels for the threads it may use
+    h.update(f"{sys.version} {version('torch')} {platform.machine()} {cpu} {threads}".encode())
     return h.hexdigest()[:24]
 
 
