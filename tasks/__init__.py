@@ -62,7 +62,7 @@ def check_ref(ref: str | None, cache_url: str | None) -> None:
     hold, or no cache to publish it to."""
     if ref is None:
         return
-    from sam3_aoti.runtime.binary_cache import check_ref_name
+    from sam3_aoti.cache.binary_cache import check_ref_name
 
     check_ref_name(ref)
     if cache_url in (None, "", "none", "off"):

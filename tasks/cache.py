@@ -1,4 +1,4 @@
-"""The binary cache on the doit side: input-addressed keys, substitution, pushes (`runtime.binary_cache`).
+"""The binary cache on the doit side: input-addressed keys, substitution, pushes (`cache.binary_cache`).
 
 A stage's key is a hash of what its outputs are made from, computed without running anything: its
 fingerprint (its pipeline.toml table, profile, device, precision, versions), the content of every library
@@ -147,8 +147,8 @@ def open_cache():
     url = get_var("cache") or SETTINGS.stage("cache").get("url") or ""
     if url in ("", "none", "off"):
         return None
-    from sam3_aoti.runtime.binary_cache import Cache
-    from sam3_aoti.runtime.signing import SIGNING_KEY_VARIABLE, SecretKey, trusted_keys
+    from sam3_aoti.cache.binary_cache import Cache
+    from sam3_aoti.cache.signing import SIGNING_KEY_VARIABLE, SecretKey, trusted_keys
 
     try:
         secret = SecretKey.read(os.environ[SIGNING_KEY_VARIABLE]) if os.environ.get(SIGNING_KEY_VARIABLE) else None
@@ -167,8 +167,8 @@ def pushes(stage: str) -> bool:
 def substitute(stage: str, key: str) -> bool:
     """The stage's outputs for `key` from the cache, checked, in place and recorded; False (one line why) when
     the cache has none, or none it may take."""
-    from sam3_aoti.runtime.binary_cache import Refused
-    from sam3_aoti.runtime.store import StoreError
+    from sam3_aoti.cache.binary_cache import Refused
+    from sam3_aoti.cache.store import StoreError
 
     cache = open_cache()
     t0 = time.monotonic()
@@ -256,8 +256,8 @@ def entry_info(stage: str) -> dict:
 def built(stage: str) -> None:
     """Record a stage built here with its key, and push it where this run pushes (a failed push is one line: the
     build here stands)."""
-    from sam3_aoti.runtime.binary_cache import Refused
-    from sam3_aoti.runtime.store import StoreError
+    from sam3_aoti.cache.binary_cache import Refused
+    from sam3_aoti.cache.store import StoreError
 
     key = key_of(stage)
     mark(PATHS.manifest, stage, key=key, origin={"built": platform.node()})

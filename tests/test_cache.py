@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sam3_aoti.errors import ConfigError
-from sam3_aoti.runtime.binary_cache import Cache, Refused, blob_path, canonical, entry_path, pull
-from sam3_aoti.runtime.signing import PublicKey, SecretKey, TrustError, signer, trusted_keys
-from sam3_aoti.runtime.store import Store, StoreError
+from sam3_aoti.cache.binary_cache import Cache, Refused, blob_path, canonical, entry_path, pull
+from sam3_aoti.cache.signing import PublicKey, SecretKey, TrustError, signer, trusted_keys
+from sam3_aoti.cache.store import Store, StoreError
 
 
 @pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.slow), "file"])  # S3: a server process
@@ -132,8 +132,8 @@ def test_a_blob_damaged_in_place_is_replaced_by_the_next_push_and_a_failed_write
     """The next push compares the blob's content, not its size (a folder store's blob re-hashed, an S3 object by
     the sha256 in its metadata), and puts a damaged one right; a write that fails midway leaves no .tmp beside
     the blobs."""
-    from sam3_aoti.runtime.binary_cache import blob_path
-    from sam3_aoti.runtime.store import StoreError
+    from sam3_aoti.cache.binary_cache import blob_path
+    from sam3_aoti.cache.store import StoreError
 
     url, key = cache_url, SecretKey.generate("builder-a")
     files = outputs(tmp_path, package__a=b"A" * 1000)
@@ -240,8 +240,8 @@ def test_https_caches_are_read_only():
 PUSHER = """
 import sys
 from pathlib import Path
-from sam3_aoti.runtime.binary_cache import Cache
-from sam3_aoti.runtime.signing import SecretKey
+from sam3_aoti.cache.binary_cache import Cache
+from sam3_aoti.cache.signing import SecretKey
 files = {f"render/{i}.png": Path(sys.argv[3]) / f"{i}.png" for i in range(20)}
 for _ in range(5):
     Cache(sys.argv[1], {}, SecretKey.read(sys.argv[2])).push_entry("render", "same-key", files, {"by": sys.argv[4]})
@@ -452,8 +452,8 @@ def test_a_missing_folder_bucket_or_closed_port_is_named_so(tmp_path, s3_server)
 PUSH_LIMITED = """
 import resource, signal, sys
 from pathlib import Path
-from sam3_aoti.runtime.binary_cache import Cache
-from sam3_aoti.runtime.signing import SecretKey
+from sam3_aoti.cache.binary_cache import Cache
+from sam3_aoti.cache.signing import SecretKey
 from sam3_aoti.errors import Sam3AotiError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk (ENOSPC)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
@@ -495,8 +495,8 @@ def test_a_push_to_a_store_it_cannot_write_is_one_line(tmp_path):
 KILLED = """
 import sys, time
 from pathlib import Path
-from sam3_aoti.runtime.binary_cache import Cache, pull
-from sam3_aoti.runtime.signing import PublicKey, SecretKey
+from sam3_aoti.cache.binary_cache import Cache, pull
+from sam3_aoti.cache.signing import PublicKey, SecretKey
 if sys.argv[1] == "push":
     Cache(sys.argv[2], {}, SecretKey.generate("a")).push_entry("package", "k", {"package/big": Path(sys.argv[3])}, {})
 else:

@@ -84,9 +84,9 @@ def test_a_refused_substitution_is_one_line_and_the_stage_builds_here(own_build,
             [sys.executable, "-m", "sam3_aoti", "cache", "keygen", "other", "--out", str(tmp_path / "other.key")],
             capture_output=True, text=True, check=True).stdout.strip()}
     else:  # someone with write access to the store replaces the package's blob (s3_server set this process up)
-        from sam3_aoti.runtime.binary_cache import blob_path
+        from sam3_aoti.cache.binary_cache import blob_path
         from sam3_aoti.runtime.files import sha256
-        from sam3_aoti.runtime.store import Store
+        from sam3_aoti.cache.store import Store
 
         package = bytearray((own_build / TINY / "package/sam3.pt2").read_bytes())
         blob = blob_path(sha256(own_build / TINY / "package/sam3.pt2"))

@@ -158,7 +158,7 @@ def test_info_on_a_bad_file_is_one_line_and_exit_2(package_path, tmp_path):
 def test_predict_does_not_import_transformers_and_the_contract_not_torch(package_path, tmp_path):
     """`predict` is torch + the archive (transformers is a 20 s cold import); the contract imports no torch."""
     Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(tmp_path / "dark.png")
-    probe = ("import sys; from sam3_aoti.runtime.cli import main; import sam3_aoti.runtime.contract; "
+    probe = ("import sys; from sam3_aoti.cli import main; import sam3_aoti.runtime.contract; "
              f"main(['predict', {str(package_path)!r}, '--image', 'dark.png', '--prompt', 'a car']); "
              "print(sorted(m for m in ('transformers', 'doit', 'sam3_aoti.model', 'sam3_aoti.pipeline', 'sam3_aoti.stages') "
              "if m in sys.modules))")

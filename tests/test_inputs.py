@@ -154,7 +154,7 @@ def test_a_corner_that_is_not_a_number_is_named_wherever_a_box_enters():
 
 
 def segment_in_process(capsys, *args: str) -> tuple[int, str]:
-    from sam3_aoti.runtime.cli import main
+    from sam3_aoti.cli import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["segment", *args])
@@ -177,7 +177,7 @@ def test_segment_checks_prompts_and_boxes_before_ray_starts(tmp_path, capsys):
 
 
 def test_predict_takes_a_negative_box_as_a_box():
-    from sam3_aoti.runtime.cli import boxes_as_values
+    from sam3_aoti.cli import boxes_as_values
 
     assert boxes_as_values(["predict", "p", "--box", "-5,10,50,60", "--negative-box", "-.5,1,2,3", "--prompt", "-x"]) \
         == ["predict", "p", "--box=-5,10,50,60", "--negative-box=-.5,1,2,3", "--prompt", "-x"]

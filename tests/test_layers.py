@@ -28,6 +28,11 @@ def test_the_layering_contract_holds():
 @pytest.mark.parametrize("module, line, contract", [
     ("runtime/files.py", "from ..pipeline import paths", "stages on the build's layers"),
     ("runtime/loader.py", "import transformers", "needs none of the build's dependencies"),
+    ("runtime/loader.py", "import pyarrow", "needs none of the build's dependencies, the cache's"),
+    ("runtime/info.py", "from ..cache import store", "needs none of the build's dependencies, the cache's"),
+    ("cache/store.py", "from ..batch import engine", "the binary cache (the cache extra) needs neither"),
+    ("cache/signing.py", "import ray", "the binary cache (the cache extra) needs neither"),
+    ("batch/engine.py", "from .. import cli", "the command on everything"),
     ("stages/render.py", "from . import verify", "nothing imports a stage"),
     ("pipeline/paths.py", "from . import settings", "no import loops"),
 ])
@@ -101,8 +106,8 @@ def test_importing_the_runtime_loads_nothing_of_the_build():
     import none of them, nor the `batch` extra (Ray, pyarrow, pycocotools: only a `segment` run imports them),
     and none of the build's layers (import-linter proves it for every runtime module, the torch-importing ones
     too; this runs the torch-free ones, quickly)."""
-    probe = ("import sys, sam3_aoti.runtime, sam3_aoti.runtime.loader, sam3_aoti.runtime.cli, sam3_aoti.runtime.info, "
-             "sam3_aoti.runtime.images, sam3_aoti.runtime.segment; from sam3_aoti import load_package, "
+    probe = ("import sys, sam3_aoti.runtime, sam3_aoti.runtime.loader, sam3_aoti.cli, sam3_aoti.runtime.info, "
+             "sam3_aoti.runtime.images, sam3_aoti.batch; from sam3_aoti import load_package, "
              "encode_prompts, archive_info; print(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('transformers', 'doit', 'skimage', 'huggingface_hub', 'safetensors', 'ray', 'pyarrow', 'pycocotools') "
              "or m.split('.')[:2] in "

@@ -70,7 +70,7 @@ def prompt_args() -> list[str]:
 
 
 def rows(output: Path) -> list[dict]:
-    from sam3_aoti.runtime.segment.dataset import read_instances
+    from sam3_aoti.batch.dataset import read_instances
 
     return read_instances(output).to_pylist()
 
@@ -104,7 +104,7 @@ def same_instances(a: dict, b: dict) -> None:
 @pytest.fixture(scope="module")
 def reference(package_path, tmp_path_factory) -> dict:
     """`predict` on each photograph: image name -> {(prompt, query): its instance as predict writes it}."""
-    from sam3_aoti.runtime.cli import predict
+    from sam3_aoti.cli import predict
 
     folder = tmp_path_factory.mktemp("photos")
     found = {}
@@ -177,8 +177,8 @@ def test_a_package_pulled_by_a_signed_ref_is_segmented_with_and_kept_once_per_ma
     """--ref with --cache (the real S3 server): the run pulls and checks the ref, its actors load that sha256, and
     a second run finds the pull there (one copy per package on a machine, not one per run); the same rows as
     --package. A key the ref is not signed by is one line and segments nothing."""
-    from sam3_aoti.runtime.binary_cache import Cache
-    from sam3_aoti.runtime.signing import SecretKey
+    from sam3_aoti.cache.binary_cache import Cache
+    from sam3_aoti.cache.signing import SecretKey
 
     key = SecretKey.generate("builder-a")
     report = tmp_path / "report.json"
@@ -302,7 +302,7 @@ def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(
 
 def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     """The Python form: `decode_batch` and `Segmenter` are what a user's own `map_batches` would call."""
-    from sam3_aoti.runtime.segment import Segmenter, decode_batch
+    from sam3_aoti.batch import Segmenter, decode_batch
 
     paths = write_photos(tmp_path / "photos")[:3]
     decoded = decode_batch({"source": np.array([str(p) for p in paths])}).to_pydict()
@@ -317,7 +317,7 @@ def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     (["--threshold", "0.3"], "holds a run with other settings (threshold)"),
 ])
 def test_resuming_with_other_settings_is_one_line(package_path, tmp_path, change, words):
-    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.batch.dataset import Output
 
     out = tmp_path / "out"
     digest = Path(f"{package_path}.sha256").read_text().split()[0]
@@ -343,7 +343,7 @@ def test_a_collection_with_nothing_to_segment_is_one_line(package_path, tmp_path
 
 
 def test_a_collection_is_a_folder_a_glob_or_a_list_each_image_once(tmp_path):
-    from sam3_aoti.runtime.segment.sources import list_sources
+    from sam3_aoti.batch.sources import list_sources
 
     photos = write_photos(tmp_path / "photos")
     (tmp_path / "photos" / "deeper").mkdir()
@@ -364,7 +364,7 @@ def test_listing_follows_linked_folders_once_and_takes_a_bracketed_folder_for_it
     """A folder named like a glob is that folder; a linked folder is listed, a link back up is no loop."""
     from PIL import Image
 
-    from sam3_aoti.runtime.segment.sources import list_sources
+    from sam3_aoti.batch.sources import list_sources
 
     tiles, elsewhere = tmp_path / "tiles [2024]*", tmp_path / "elsewhere"
     (tiles / "a").mkdir(parents=True)
@@ -380,7 +380,7 @@ def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_pa
     import threading
 
     from sam3_aoti.errors import PackageError
-    from sam3_aoti.runtime.segment.sources import read_source
+    from sam3_aoti.batch.sources import read_source
 
     fifo, folder = tmp_path / "pipe.png", tmp_path / "folder.png"
     os.mkfifo(fifo)
@@ -399,8 +399,8 @@ def test_errors_list_each_failing_file_once_across_reruns_until_it_is_segmented(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sam3_aoti.runtime.segment.dataset import Output
-    from sam3_aoti.runtime.segment.worker import segmented_schema
+    from sam3_aoti.batch.dataset import Output
+    from sam3_aoti.batch.schemas import segmented_schema
 
     def results(*rows):
         return pa.Table.from_pylist([{"source": s, "width": 4, "height": 4, "error": e, "seconds": 0.1,
@@ -424,7 +424,7 @@ def test_errors_list_each_failing_file_once_across_reruns_until_it_is_segmented(
 
 def test_a_second_run_into_an_output_a_live_run_holds_refuses(tmp_path):
     from sam3_aoti.errors import ConfigError
-    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.batch.dataset import Output
 
     first = Output(tmp_path / "out", {"prompts": ["a roof"]})
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'out'} is being written by another segment run \(pid {os.getpid()}\)"):
@@ -434,7 +434,7 @@ def test_a_second_run_into_an_output_a_live_run_holds_refuses(tmp_path):
 
 
 def test_listing_names_what_it_leaves_out(tmp_path):
-    from sam3_aoti.runtime.segment.sources import list_sources
+    from sam3_aoti.batch.sources import list_sources
 
     folder = tmp_path / "tiles"
     folder.mkdir()
@@ -455,8 +455,8 @@ def test_listing_names_what_it_leaves_out(tmp_path):
 def test_a_damaged_committed_part_is_named_and_its_images_are_done_again(tmp_path, folder, damage):
     import pyarrow as pa
 
-    from sam3_aoti.runtime.segment.dataset import Output
-    from sam3_aoti.runtime.segment.worker import segmented_schema
+    from sam3_aoti.batch.dataset import Output
+    from sam3_aoti.batch.schemas import segmented_schema
 
     settings = {"prompts": ["a roof"]}
     out = Output(tmp_path / "out", settings, part_images=2)
@@ -475,7 +475,7 @@ def test_a_damaged_committed_part_is_named_and_its_images_are_done_again(tmp_pat
 
 def test_the_exemplar_image_is_named_by_its_content(package_path, tmp_path):
     """Other pixels under the same name are other settings: a resumed run refuses them in one line."""
-    from sam3_aoti.runtime.segment.dataset import Output
+    from sam3_aoti.batch.dataset import Output
 
     write_photos(tmp_path / "photos")
     exemplar, out = tmp_path / "photos" / "astronaut-0.png", tmp_path / "out"
@@ -496,8 +496,8 @@ def test_writing_under_the_output_fails_in_one_line_and_leaves_nothing_half_writ
     import pyarrow.parquet as pq
 
     from sam3_aoti.errors import Sam3AotiError
-    from sam3_aoti.runtime.segment.dataset import Output
-    from sam3_aoti.runtime.segment.worker import segmented_schema
+    from sam3_aoti.batch.dataset import Output
+    from sam3_aoti.batch.schemas import segmented_schema
 
     out = Output(tmp_path / "out", {"prompts": ["a roof"]})
     out.add(pa.Table.from_pylist([{"source": "a.png", "width": 4, "height": 4, "error": None, "seconds": 0.1,

@@ -95,7 +95,7 @@ def _inductor():
 
 def _public_keys():
     def check(v) -> bool:
-        from ..runtime.signing import PublicKey
+        from ..cache.signing import PublicKey
 
         try:
             return isinstance(v, list) and all(isinstance(k, str) and PublicKey.parse(k) for k in v)

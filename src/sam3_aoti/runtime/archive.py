@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import zipfile
-import zlib
 from pathlib import Path
 
 from ..errors import PackageError
@@ -59,27 +57,6 @@ def parse_metadata(text: str | bytes, path: Path) -> dict:
 def _json_type(value) -> str:
     kinds = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"), (dict, "an object"))
     return next((name for kind, name in kinds if isinstance(value, kind)), "null")
-
-
-def open_archive(package) -> zipfile.ZipFile:
-    """The zip of a package: a path, or a package opened once (`integrity.PackageFile`), read through its open
-    file so that what was checked is what is read."""
-    return zipfile.ZipFile(getattr(package, "file", package))
-
-
-def read_extra_files(package) -> dict:
-    """The archive's metadata and vocabulary, by name, each read within its limit (a one-line error for anything
-    that is no package). `package`: a path or an `integrity.PackageFile`."""
-    path = getattr(package, "path", package)
-    try:
-        with open_archive(package) as archive:
-            entries = archive_entries(archive)
-            if f"extra/{METADATA_FILE}" not in entries:
-                raise KeyError(METADATA_FILE)
-            return {name: read_bounded(archive, entries[f"extra/{name}"], READ_LIMITS[name]).decode()
-                    for name in (METADATA_FILE, VOCAB_FILE) if f"extra/{name}" in entries}
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError, zlib.error):
-        raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
 
 
 def archive_entries(archive) -> dict[str, str]:

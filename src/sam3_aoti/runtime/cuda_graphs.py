@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from .torch_private import tree_map
+
 SWITCH = "SAM3_AOTI_CUDA_GRAPHS"  # "0" turns graphs off for every load_package in the process
 DEFAULT_MAX_GRAPHS = 8
 log = logging.getLogger(__name__)
@@ -60,8 +62,6 @@ class CudaGraphRunner:
         return tuple((tuple(a.shape), a.dtype, a.device) for a in args)
 
     def __call__(self, *args):
-        from torch.utils import _pytree
-
         with self._lock:
             if self.failed:
                 return self.runner(*args)
@@ -79,7 +79,7 @@ class CudaGraphRunner:
             entry.graph.replay()
             if not self.copy_outputs:
                 return entry.outputs
-            return _pytree.tree_map(lambda t: t.clone(), entry.outputs)
+            return tree_map(lambda t: t.clone(), entry.outputs)
 
     def _add(self, key: tuple, args) -> Captured:
         while len(self.graphs) >= self.max_graphs:

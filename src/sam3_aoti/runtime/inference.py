@@ -3,7 +3,7 @@ exemplar boxes or long prompt lists, the parts (the images encoded once, the pro
 
 from __future__ import annotations
 
-from ..errors import PackageError
+from ..errors import InputError, PackageError
 
 PROMPT_CHUNK = 16  # prompts decoded at once by a split package: bounds the per-pair memory of long class lists
 
@@ -17,6 +17,31 @@ def run_prompts(package, pixels, token_ids, exemplars=None, features=None):
     features = features if features is not None else package.encode_image(pixels)
     texts = [package.encode_text(token_ids[i:i + PROMPT_CHUNK]) for i in range(0, token_ids.shape[0], PROMPT_CHUNK)]
     return package.decode_chunked(features, texts, exemplars)
+
+
+def check_request(prompts: list[str], boxes: list, threshold: float, boxes_on=None) -> None:
+    """What predict and segment are asked, in one line before anything loads: a prompt or a box, the threshold,
+    every prompt tokenizable."""
+    from .tokenizer import encode_prompts
+
+    if not 0.0 <= threshold <= 1.0:
+        raise InputError(f"threshold {threshold} is not between 0 and 1 (--threshold)")
+    if not prompts and not boxes:
+        raise InputError("nothing to look for: give a prompt, an exemplar box or both (--prompt, --box)")
+    if boxes_on and not boxes:
+        raise InputError(f"{boxes_on} is the image exemplar boxes are drawn on, and no box was given: add --box")
+    if prompts:
+        encode_prompts(list(prompts))
+
+
+def encode_exemplars(package, normalized: tuple, drawn_on, device: str, features=None):
+    """Exemplar boxes (`exemplars.normalized_boxes` of their pixel corners) on the RGB image `drawn_on`, encoded
+    for `decode`: with `features` of that image where the caller has them, else encoded here."""
+    from .postprocess import to_tensor
+
+    if features is None:
+        features = package.encode_image(package.transforms(to_tensor(drawn_on, device)))
+    return package.encode_boxes(features, *(t.to(device) for t in normalized))
 
 
 def package_device(metadata: dict) -> str:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import zipfile
-import zlib
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import METADATA_FILE, READ_LIMITS, archive_entries, fallback_of, open_archive, parse_metadata, read_bounded
+from .archive import fallback_of
 from .files import human_size
-from .integrity import PackageChanged, PackageFile, check_entries, check_package
+from .integrity import PackageFile, check_entries, check_package, read_consistently
 
 
 def archive_info(path: str | Path, trust: bool = False, sha256: str | None = None) -> dict:
@@ -20,40 +18,32 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
     if not path.is_file():
         raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
     with PackageFile(path) as package:  # what is described is what is checked
-        described = _describe(package)
-        described["integrity"] = check_package(package, trust=trust, digest=sha256)
-        try:
-            package.check_unchanged()
-        except PackageChanged:  # changed after it was opened: describe a checked copy of what was open
-            integrity = package.recheck()
-            described = {**_describe(package), "integrity": integrity}
-    return described
+        def checked_description(package: PackageFile) -> dict:
+            described = _describe(package)
+            return {**described, "integrity": check_package(package, trust=trust, digest=sha256)}
+        return read_consistently(package, checked_description)
 
 
 def _describe(package: PackageFile) -> dict:
     path = package.path
     check_entries(package)
     try:
-        with open_archive(package) as archive:
-            entries = {inner: archive.getinfo(name) for inner, name in archive_entries(archive).items()}
-            if read_bounded(archive, entries["archive_format"].filename, 16) != b"pt2":
-                raise KeyError("archive_format")
-            metadata = parse_metadata(read_bounded(archive, entries[f"extra/{METADATA_FILE}"].filename,
-                                                   READ_LIMITS[METADATA_FILE]), path)
-            aoti = {}
-            for name, item in entries.items():
-                if name.startswith("data/aotinductor/"):
-                    model, file = name.split("/")[2:4]
-                    part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
-                    part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
-                    if file.endswith(".wrapper_metadata.json"):
-                        built = json.loads(read_bounded(archive, item.filename, READ_LIMITS["wrapper_metadata.json"]))
-                        built = built if isinstance(built, dict) else {}
-                        part.update(device=built.get("AOTI_DEVICE_KEY"),
-                                    compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, RecursionError, zlib.error) as e:
-        reason = "truncated or not a zip" if isinstance(e, (zipfile.BadZipFile, EOFError)) else "not a sam3-aoti PT2 package"
-        raise PackageError(f"{path} is {reason}: rebuild it with `uv run doit package` or pass another file") from None
+        entries = package.entries
+        if package.read("archive_format", 16) != b"pt2":
+            raise KeyError("archive_format")
+        metadata = package.metadata
+        aoti = {}
+        for name, item in entries.items():
+            if name.startswith("data/aotinductor/"):
+                model, file = name.split("/")[2:4]
+                part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
+                part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
+        for model, built in package.built_for.items():
+            aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0}).update(
+                device=built.get("AOTI_DEVICE_KEY"), compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
+    except KeyError:
+        raise PackageError(f"{path} is not a sam3-aoti PT2 package: rebuild it with `uv run doit package` or pass "
+                           "another file") from None
     fallback = fallback_of(path)
     models = {}
     for name, described in metadata.get("models", {}).items():

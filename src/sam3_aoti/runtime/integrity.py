@@ -15,110 +15,49 @@ and a write in the same tick would leave them as they were. The record lives in 
 ($SAM3_AOTI_CACHE, else $XDG_CACHE_HOME/sam3-aoti, else ~/.cache/sam3-aoti); where it cannot be written, every
 load hashes.
 
-What is checked is what loads: the package is opened once (`PackageFile`), hashed through that open file, and
-read through it after (entries, metadata, the models' code), so a file renamed over the path in between is
-never read. Whatever happens to the file after it was opened moves its ctime (a write into it, or a rename over
-its path, which unlinks it): then what is open is copied into this process's own folder, hashed as it is
-copied, checked again and read again from the copy, before any native code is loaded. A file written within
-the last second (whose ctime could not show a second write in the same tick) is copied that way from the start.
+What is checked is what loads: the package is opened once (`reader.PackageFile`), hashed through that open file,
+and read through it after (entries, metadata, the models' code), so a file renamed over the path in between is
+never read; a change after it was opened is read again from a checked private copy (`reader`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 import stat
-import tempfile
 import time
-import zipfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ..errors import PackageError
-from .archive import MODEL_NAMES, PART_NAMES, archive_entries, open_archive
-from .scratch import cache_dir, process_folder
+from .archive import MODEL_NAMES, PART_NAMES
 from .files import open_regular, sha256_once, stream_sha256, write_text_atomic
+from .reader import AOTI_PREFIX, RACY_NS, ZIP_ERRORS, PackageChanged, PackageFile
+from .scratch import cache_dir
 
-AOTI_PREFIX = "data/aotinductor/"
 KEEP_RECORDS = 256  # remembered checks; the oldest go first
-RACY_NS = 1_000_000_000  # a file changed this recently is hashed again next time
+T = TypeVar("T")
 
 
-class PackageChanged(PackageError):
-    """The package file changed (written, or renamed over) after it was opened: read it again (`recheck`)."""
+def recheck(package: PackageFile) -> str:
+    """After PackageChanged: what is open, copied into this process's own folder and checked again as
+    `check_package` checked it (the digest against the copy's bytes); read the copy from now on."""
+    package.copy_next = True
+    return check_package(package, *package.checked_with)
 
 
-class PackageFile:
-    """A package opened once, so that what is checked is what is read: `check_package` hashes this open file,
-    and the loader and `info` read the archive through it (`open_archive`). `check_unchanged` raises
-    PackageChanged when the file changed since it was opened, and `recheck` then checks a private copy of what
-    is open, which is read from then on; a file written within the last second is copied that way at once."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        try:
-            self.file = open_regular(self.path)
-        except OSError as e:
-            raise PackageError(f"{self.path} cannot be read ({e.strerror}): pass the .pt2 file the `package` "
-                               "stage wrote") from None
-        if self.file is None:
-            raise PackageError(f"{self.path} is not a regular file (a folder, a FIFO or a device): pass the .pt2 "
-                               "file the `package` stage wrote")
-        self.opened = os.fstat(self.file.fileno())
-        self.copied = self.copy_next = False
-        self.checked_with: tuple = (False, None)  # check_package's trust and digest, for `recheck`
-
-    def __enter__(self) -> "PackageFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.file.close()
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def racy(self) -> bool:
-        """Written within the last second: a second write in the same tick of the file's clock would not show."""
-        return not self.copied and (self.copy_next or time.time_ns() - self.opened.st_ctime_ns < RACY_NS)
-
-    def private_copy(self) -> str:
-        """Copy the open file into this process's own folder (unlinked at once: only this open file reaches it),
-        hashing the bytes copied; read the copy from now on. Returns their sha256."""
-        fd, name = tempfile.mkstemp(suffix=".pt2", dir=process_folder())
-        os.unlink(name)
-        digest = hashlib.sha256()
-        try:
-            with os.fdopen(os.dup(fd), "wb") as copy:
-                self.file.seek(0)
-                while block := self.file.read(1 << 24):
-                    digest.update(block)
-                    copy.write(block)
-        except OSError as e:
-            os.close(fd)
-            raise PackageError(f"cannot copy {self.path} into {process_folder()} to check it ({e.strerror}): free "
-                               "space there, or set SAM3_AOTI_CACHE to a folder with room") from None
-        self.file.close()
-        self.file, self.copied = os.fdopen(fd, "rb"), True
-        self.opened = os.fstat(fd)
-        return digest.hexdigest()
-
-    def check_unchanged(self) -> None:
-        """PackageChanged if the file changed since it was opened (its ctime moves on a write, and on a rename
-        over its path)."""
-        now = os.fstat(self.file.fileno())
-        if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (self.opened.st_size, self.opened.st_mtime_ns,
-                                                                 self.opened.st_ctime_ns):
-            raise PackageChanged(f"{self.path} changed while it loaded: load it again once whatever writes it "
-                                 "is done")
-
-    def recheck(self) -> str:
-        """After PackageChanged: what is open, copied into this process's own folder and checked again as
-        `check_package` checked it (the digest against the copy's bytes); read the copy from now on."""
-        self.copy_next = True
-        return check_package(self, *self.checked_with)
+def read_consistently(package: PackageFile, read: Callable[[PackageFile], T]) -> T:
+    """`read(package)` of a file that did not change meanwhile: once more, from a checked private copy of what
+    was open, if it did (a second change is PackageChanged)."""
+    try:
+        result = read(package)
+        package.check_unchanged()
+        return result
+    except PackageChanged:
+        recheck(package)
+        result = read(package)
+        package.check_unchanged()
+        return result
 
 
 def hash_of(package: PackageFile) -> str:
@@ -171,13 +110,11 @@ KNOWN_ENTRY = re.compile("^(" + "|".join(PACKAGE_ENTRIES) + ")$")
 def check_entries(package: Path | PackageFile) -> None:
     """Every entry of the archive is a plain file a package has, under one root folder: no absolute path, no
     `..`, no link, no device, no name twice. Checked before torch's loader sees the archive: it unpacks by name."""
-    package_path = getattr(package, "path", package)
-    try:
-        with open_archive(package) as archive:
-            infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, EOFError):
-        raise PackageError(f"{package_path} is truncated or not a sam3-aoti package: rebuild it with "
-                           "`uv run doit package`") from None
+    if not isinstance(package, PackageFile):
+        with PackageFile(package) as opened:
+            return check_entries(opened)
+    package_path = package.path
+    infos = package._once("infolist", lambda: package.zip.infolist())
     roots, seen = set(), set()
     for info in infos:
         name = info.filename
@@ -262,27 +199,22 @@ def _not_regular(path: Path):
 
 def _check_parts(package: PackageFile) -> None:
     """A trusted package's parts against its metadata's digests: damage, not authenticity."""
-    from .archive import METADATA_FILE, READ_LIMITS, parse_metadata, read_bounded
-
-    path = package.path
-    try:
-        with open_archive(package) as archive:
-            entries = archive_entries(archive)
-            metadata = parse_metadata(read_bounded(archive, entries[f"extra/{METADATA_FILE}"],
-                                                   READ_LIMITS[METADATA_FILE]), path)
-            parts = metadata.get("parts_sha256") or {}
-            code = [name for name in entries if name.startswith(AOTI_PREFIX)]
-            for name in code:
-                if name not in parts:
-                    if not parts:
-                        return  # an older build without part digests: nothing to compare
-                    raise PackageError(f"{path} holds {name}, which its build did not write: refusing to load it")
-                with archive.open(entries[name]) as part:
-                    if stream_sha256(part) != parts[name]:
-                        raise PackageError(f"{path}: {name} does not match its recorded digest: the package was "
-                                           "modified; rebuild it (`uv run doit package`) or fetch it again")
-            missing = sorted(set(parts) - set(code))
-            if missing:
-                raise PackageError(f"{path} lacks {missing[0]}, which its build wrote: rebuild it")
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError):
-        raise PackageError(f"{path} is truncated or not a sam3-aoti package: rebuild it with `uv run doit package`") from None
+    path, entries = package.path, package.entries
+    parts = package.metadata.get("parts_sha256") or {}
+    code = [name for name in entries if name.startswith(AOTI_PREFIX)]
+    for name in code:
+        if name not in parts:
+            if not parts:
+                return  # an older build without part digests: nothing to compare
+            raise PackageError(f"{path} holds {name}, which its build did not write: refusing to load it")
+        try:
+            with package.zip.open(entries[name]) as part:
+                digest = stream_sha256(part)
+        except ZIP_ERRORS:
+            raise package.truncated() from None
+        if digest != parts[name]:
+            raise PackageError(f"{path}: {name} does not match its recorded digest: the package was "
+                               "modified; rebuild it (`uv run doit package`) or fetch it again")
+    missing = sorted(set(parts) - set(code))
+    if missing:
+        raise PackageError(f"{path} lacks {missing[0]}, which its build wrote: rebuild it")

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
-from .archive import (METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, archive_entries,
-                      READ_LIMITS, fallback_of, open_archive, parse_metadata, read_bounded, read_extra_files)
+from .archive import MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
+from .checked import checked
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
-from .integrity import PackageChanged, PackageFile, check_package
+from .integrity import PackageChanged, PackageFile, check_package, read_consistently
+from .torch_private import AotiRunner, before_loading, exported_programs
 
 log = logging.getLogger(__name__)
 
@@ -136,40 +137,6 @@ class Sam3Package:
         return encode_prompts(prompts, self.merges_text)
 
 
-class AotiRunner:
-    """One AOTI model of the archive, called with tensors: its files unpacked (`unpack_model`) into this
-    process's own temporary folder (`scratch`; torch's package loader would unpack into /tmp/XXXXXX, left there
-    when a load is interrupted), loaded with torch's model runner, and its weights read from the blob, which is
-    then removed: the code stays for the life of the runner (CUDA kernels load on first use). The runner owns
-    the folder. Inputs are made contiguous: the runner reads dense row-major memory, and a permuted view (an
-    HWC image turned CHW) would be read wrongly, silently."""
-
-    def __init__(self, folder: Path, name: str, device: str = "cpu", single_threaded: bool = False):
-        import weakref
-
-        from torch.utils import _pytree
-
-        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
-        self.runner = _model_runner(folder, name, device, single_threaded)
-        self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
-
-    def __call__(self, *args):
-        from torch.utils import _pytree
-
-        return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
-
-    def read_weights_of(self, other: "AotiRunner") -> None:
-        """Point this model's constants at `other`'s tensors of the same names, uncopied (user-managed): a part
-        of the split model reads `model`'s weights, so they sit in memory once."""
-        theirs = other.runner.extract_constants_map(False)  # by original name (fqn)
-        mine = self.runner.get_constant_names_to_original_fqns()  # this model's own name -> fqn
-        missing = sorted(fqn for fqn in mine.values() if fqn not in theirs)
-        if missing:
-            raise PackageError(f"a part of the package reads {len(missing)} tensors model lacks ({missing[0]}...): "
-                               "rebuild it with `uv run doit package`")
-        self.runner.update_constant_buffer({k: theirs[fqn] for k, fqn in mine.items()}, False, True, True)
-
-
 def unpack_model(package: PackageFile, name: str) -> Path:
     """The files of the model `name` (names checked by `integrity.check_entries`), unpacked from the package's
     open file into a folder of this process's own: its shared object, its kernels, its weights blob."""
@@ -180,11 +147,10 @@ def unpack_model(package: PackageFile, name: str) -> Path:
     prefix = f"data/aotinductor/{name}/"
     folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
     try:
-        with open_archive(package) as archive:
-            for inner, entry in archive_entries(archive).items():
-                if inner.startswith(prefix):
-                    with archive.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 24)
+        for inner, entry in package.entries.items():
+            if inner.startswith(prefix):
+                with package.zip.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)
         shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
         if len(shared) != 1:
             raise PackageError(f"{package.path} holds {len(shared)} shared objects for {name}, a package one: "
@@ -193,135 +159,6 @@ def unpack_model(package: PackageFile, name: str) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
-
-
-def _model_runner(folder: Path, name: str, device: str, single_threaded: bool):
-    """torch's runner for a model unpacked into `folder` (`unpack_model`), its weights read from the blob."""
-    import torch
-
-    shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
-    if device == "cuda":
-        runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder), single_threaded)
-    else:
-        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(shared[0]), 1)
-    for blob in folder.glob("*_weights.blob"):
-        runner.update_constant_buffer_from_blob(str(blob))
-        blob.unlink()  # read into the runner's constants: a second copy on disk helps no one
-    return runner
-
-
-def _describe(t) -> str:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device.type}"
-
-
-def check_images(images, device: str, side: int | None = None) -> None:
-    """float32 [B, 3, H, W] (H = W = side for the model) on the package's device, B >= 1."""
-    import torch
-
-    want = f"float32 [batch, 3, {side or 'height'}, {side or 'width'}] on {device}"
-    ok = (isinstance(images, torch.Tensor) and images.dtype == torch.float32 and images.dim() == 4
-          and images.shape[1] == 3 and images.device.type == device
-          and (images.shape[2:] == (side, side) if side else min(images.shape[2:]) >= 2))
-    if not ok:
-        hint = "the output of transforms" if side else "RGB pixels in [0, 255], channels first"
-        raise InputError(f"images must be {want}, got {_describe(images)}: pass {hint}")
-    if images.shape[0] == 0:
-        raise InputError("images holds no image (batch 0): pass at least one")
-
-
-def check_token_ids(token_ids, device: str, context: int, vocab: int) -> None:
-    """int64 [P, context] on the package's device, P >= 1, every id a token of the vocabulary."""
-    import torch
-
-    if not (isinstance(token_ids, torch.Tensor) and token_ids.dtype == torch.int64 and token_ids.dim() == 2
-            and token_ids.shape[1] == context and token_ids.device.type == device):
-        raise InputError(f"token_ids must be int64 [num_prompts, {context}] on {device}, got {_describe(token_ids)}: "
-                         "use encode_prompts")
-    if token_ids.shape[0] == 0:
-        raise InputError("token_ids holds no prompt (num_prompts 0): pass at least one")
-    if bool(((token_ids < 0) | (token_ids >= vocab)).any()):
-        raise InputError(f"token_ids holds ids outside [0, {vocab}): use encode_prompts or a CLIP BPE tokenizer")
-
-
-class CheckedModel:
-    """`model(images, token_ids)` with one-line errors for inputs it cannot take, before native code runs."""
-
-    def __init__(self, runner: Callable, metadata: dict):
-        model = metadata.get("models", {}).get("model", {})
-        tokenizer = metadata.get("tokenizer", {})
-        self.runner, self.device = runner, metadata.get("device", "cpu")
-        self.graph_runner = runner if isinstance(runner, CudaGraphRunner) else None
-        self.side = model.get("inputs", {}).get("images", {}).get("shape", [0, 0, 0])[2]
-        self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
-
-    def __call__(self, images, token_ids):
-        check_images(images, self.device, self.side)
-        check_token_ids(token_ids, self.device, self.context, self.vocab)
-        return self.runner(images, token_ids)
-
-
-class CheckedPart:
-    """A split model with one-line errors for inputs it cannot take, checked against the metadata's inputs:
-    their count, dtypes, device and sizes, and one batch and one prompt count across them."""
-
-    def __init__(self, runner: Callable, metadata: dict, name: str):
-        self.runner, self.name, self.device = runner, name, metadata.get("device", "cpu")
-        self.graph_runner = runner if isinstance(runner, CudaGraphRunner) else None
-        described = metadata["models"][name]
-        self.inputs = [described["inputs"][n] for n in described["input_order"]]
-        tokenizer = metadata.get("tokenizer", {})
-        self.context, self.vocab = tokenizer.get("context_length", 32), tokenizer.get("end", 49407) + 1
-
-    def __call__(self, *groups):
-        import torch
-
-        if self.name == "encode_image":
-            check_images(groups[0], self.device, self.inputs[0]["shape"][2])
-        if self.name == "encode_text":
-            check_token_ids(groups[0], self.device, self.context, self.vocab)
-        args = [t for group in groups for t in (group if isinstance(group, (tuple, list)) else (group,))]
-        hint = {"decode": "pass decode(encode_image(images), encode_text(token_ids)) of this package",
-                "encode_boxes": "pass encode_boxes(encode_image(images), boxes, labels) of this package"}.get(
-            self.name, "")
-        if len(args) != len(self.inputs):
-            raise InputError(f"{self.name} takes {len(self.inputs)} tensors, got {len(args)}: {hint}")
-        sizes: dict[str, int] = {}
-        for i, (a, want) in enumerate(zip(args, self.inputs)):
-            dims = want["shape"]
-            ok = (isinstance(a, torch.Tensor) and str(a.dtype).removeprefix("torch.") == want["dtype"]
-                  and a.device.type == self.device and a.dim() == len(dims) and a.shape[0] >= 1
-                  and all(d == n for d, n in zip(dims, a.shape) if isinstance(d, int)))
-            if ok and sizes.setdefault(dims[0], a.shape[0]) != a.shape[0]:
-                raise InputError(f"{self.name}: input {i} has {dims[0]} {a.shape[0]}, an earlier one "
-                                 f"{sizes[dims[0]]}: {hint or 'pass inputs of one call'}")
-            if not ok:
-                raise InputError(f"{self.name} input {i} must be {want['dtype']} {dims} on {self.device}, got "
-                                 f"{_describe(a)}: {hint or 'see the package metadata'}")
-        return self.runner(*args)
-
-
-class CheckedTransforms:
-    """`transforms(images)` with one-line errors for inputs it cannot take."""
-
-    def __init__(self, runner: Callable, metadata: dict):
-        self.runner, self.device = runner, metadata.get("device", "cpu")
-
-    def __call__(self, images):
-        check_images(images, self.device)
-        return self.runner(images)
-
-
-def built_for(package) -> dict[str, dict]:
-    """Each AOTI model's build metadata (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), from the archive (a path or
-    a `PackageFile`)."""
-    with open_archive(package) as archive:
-        return {inner.split("/")[2]: json.loads(read_bounded(archive, entry, READ_LIMITS["wrapper_metadata.json"]))
-                for inner, entry in archive_entries(archive).items()
-                if inner.startswith("data/aotinductor/") and inner.endswith(".wrapper_metadata.json")}
 
 
 def device_problem(built: dict[str, dict]) -> str | None:
@@ -352,7 +189,7 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     if not isinstance(package, PackageFile):
         with PackageFile(package) as opened:
             return load_aoti_runners(opened, graphed)
-    built = built_for(package)
+    built = package.built_for
     problem = device_problem(built)
     if problem:
         raise PackageError(problem)
@@ -362,7 +199,7 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
             folders[name] = unpack_model(package, name)
         package.check_unchanged()
         for name, folder in folders.items():  # each runner owns its folder from here
-            runners[name] = AotiRunner(folder, name, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu",
+            runners[name] = AotiRunner(folder, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu",
                                        name in graphed)
     except BaseException:
         for name, folder in folders.items():
@@ -388,41 +225,31 @@ def models_of(metadata: dict) -> tuple[str, ...]:
     return MODEL_NAMES + tuple(n for n in PART_NAMES if n in metadata.get("models", {}))
 
 
-def load_exported(path: Path, trust: bool = False) -> dict:
-    """The exported programs from the fallback archive beside the package."""
-    from torch.export.pt2_archive._package import load_pt2
-
+def load_exported(path: Path, trust: bool = False, built_for: str = "") -> dict:
+    """The exported programs from the fallback archive beside the package (`built_for`: where the package was
+    built, for the error line when they do not load here either)."""
     from . import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the programs may call)
 
     fallback = fallback_of(path)
     if not fallback.is_file():
         raise PackageError(f"no exported-program fallback {fallback.name} beside {path}: "
                            "rebuild it with `uv run doit package`")
+
+    def read(opened: PackageFile) -> dict:
+        opened.file.seek(0)
+        try:
+            return exported_programs(opened.file)
+        except Exception as e:  # exported on a GPU, its weights want one too
+            raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
+                               f"use {path.name} where it was built ({built_for or '?'})") from None
+
     with PackageFile(fallback) as opened:  # what is checked is what loads
         check_package(opened, trust=trust)
-        for attempt in (1, 2):
-            try:
-                opened.file.seek(0)
-                programs = load_pt2(opened.file).exported_programs
-            except Exception as e:  # exported on a GPU, its weights want one too
-                raise PackageError(f"the fallback {fallback.name} does not load here either ({first_line(e)}): "
-                                   f"use {path.name} where it was built ({_built_for(path)})") from None
-            try:
-                opened.check_unchanged()
-                break
-            except PackageChanged:
-                if attempt == 2:
-                    raise
-                opened.recheck()
+        programs = read_consistently(opened, read)
     missing = [n for n in MODEL_NAMES if n not in programs]  # the parts, where its metadata names them: load_package
     if missing:
         raise PackageError(f"{fallback} holds no {', '.join(missing)} program: rebuild it with `uv run doit package`")
     return programs
-
-
-def _built_for(path: Path) -> str:
-    metadata = parse_metadata(read_extra_files(path).get(METADATA_FILE, "{}"), path)
-    return f"{metadata.get('device', '?')}, {metadata.get('versions', {}).get('gpu') or 'any GPU'}"
 
 
 def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
@@ -433,39 +260,34 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     a package that has neither. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
     that off."""
-    import torch
-
-    if torch.__version__ < "2.11":
-        import torch._inductor.codecache  # noqa: F401  (torch 2.10 needs it before loading AOTI packages; 3 s)
-
+    before_loading()
     path = Path(path)
     if not path.is_file():
         raise PackageError(f"no package at {path}: build it with `uv run doit package`")
-    fallback_reason, aoti, exported = None, {}, {}
+
+    def read(package: PackageFile) -> tuple[dict, str | None]:
+        """The AOTI runners, or none and why not."""
+        if not prefer_aoti:
+            return {}, None
+        graphs = graphs_wanted(cuda_graphs) and package.metadata.get("device") == "cuda"
+        try:
+            return load_aoti_runners(package, graphed=("model", *PART_NAMES) if graphs else ()), None
+        except PackageChanged:
+            raise
+        except Exception as e:  # a package built for another device/ABI: use the exported programs
+            return {}, first_line(e)
+
     with PackageFile(path) as package:  # checked, then read through the same open file
         check_package(package, trust=trust, digest=sha256)
-        for attempt in (1, 2):
-            try:
-                extra = read_extra_files(package)
-                metadata = parse_metadata(extra.get(METADATA_FILE, "{}"), path)
-                graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
-                if prefer_aoti:
-                    try:
-                        aoti = load_aoti_runners(package, graphed=("model", *PART_NAMES) if graphs else ())
-                    except PackageChanged:
-                        raise
-                    except Exception as e:  # a package built for another device/ABI: use the exported programs
-                        fallback_reason = first_line(e)
-                package.check_unchanged()
-                break
-            except PackageChanged:
-                if attempt == 2:
-                    raise
-                package.recheck()  # the open file, copied and checked again: read from the copy
+        aoti, fallback_reason = read_consistently(package, read)
+        metadata, vocab = package.metadata, package.extra_files.get(VOCAB_FILE, "")
+    graphs = graphs_wanted(cuda_graphs) and metadata.get("device") == "cuda"
+    exported = {}
     if fallback_reason:
         log.warning("AOTI models of %s did not load (%s); using the exported programs", path.name, fallback_reason)
     if not aoti:
-        exported = load_exported(path, trust)
+        versions = metadata.get("versions", {})
+        exported = load_exported(path, trust, f"{metadata.get('device', '?')}, {versions.get('gpu') or 'any GPU'}")
     names = models_of(metadata)
     missing = [n for n in names if n not in aoti and n not in exported]
     if missing:
@@ -478,8 +300,8 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
         for name in ("model", *PART_NAMES):
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
-    return Sam3Package(checked(runners, metadata), backends, metadata, extra.get(VOCAB_FILE, ""), path,
-                       fallback_reason, exported, state)
+    return Sam3Package(checked(runners, metadata), backends, metadata, vocab, path, fallback_reason, exported,
+                       state)
 
 
 def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: bool) -> str:
@@ -489,8 +311,3 @@ def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: boo
             return f"off: a {metadata.get('device', '?')} package"
         return "off: cuda_graphs=False" if requested is False else f"off: {SWITCH}=0"
     return "on" if aoti else "off: exported programs"
-
-
-def checked(runners: dict, metadata: dict) -> dict:
-    return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata),
-            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners}}

@@ -102,7 +102,7 @@ def bench_rate(paths: ProfilePaths) -> tuple[float | None, str | None]:
 
 
 def run(settings: Settings) -> None:
-    from ..runtime.segment import segment
+    from ..batch import segment
 
     paths, opts = ProfilePaths.of(settings), settings.stage("throughput")
     photos = write_photos(paths.root / "throughput" / "photos", opts["images"], opts["min_side"])

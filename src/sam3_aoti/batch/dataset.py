@@ -22,33 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ...errors import ConfigError, Sam3AotiError, first_line
-
-INSTANCE_COLUMNS = ("source", "width", "height", "prompt", "query", "score", "box_xyxy", "mask_area", "mask_counts")
-
-
-def instances_schema():
-    import pyarrow as pa
-
-    from .worker import instance_type
-
-    inner = {field.name: field.type for field in instance_type()}
-    return pa.schema([("source", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-                      *((name, inner[name]) for name in INSTANCE_COLUMNS[3:])])
-
-
-def images_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-                      ("instances", pa.int32()), ("seconds", pa.float64())])
-
-
-def errors_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("error", pa.string())])
-
+from ..errors import ConfigError, Sam3AotiError, first_line
+from .schemas import errors_schema, images_schema, instances_schema
 
 def new_run_id() -> str:
     """A run's name: when it began, and a random tail for two runs begun in one second."""
@@ -166,7 +141,7 @@ class Output:
         return listed
 
     def add(self, table) -> None:
-        """Results of segmented images (`worker.segmented_schema`): errors listed, the rest committed a part at a
+        """Results of segmented images (`schemas.segmented_schema`): errors listed, the rest committed a part at a
         time. An image seen already (committed by an earlier run, or delivered twice) is left out."""
         for row in table.to_pylist():
             if row["source"] in self.done or row["source"] in self.failed_sources:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, Sam3AotiError, first_line
-from .files import human_size, open_regular
+from ..runtime.files import human_size, open_regular
 
 MAX_RECORD_BYTES = 1 << 20  # entries and refs are small; anything bigger is not one
 READ_ONLY = ("http", "https")
@@ -211,7 +211,7 @@ class Store:
         """Remove the temporary files of pushes that died (killed mid-upload) from a folder store: this host's
         whose process is gone, and any untouched for `older_than_s` (another host's). Object stores show no
         partial object (an unfinished multipart upload is the store's to expire: a lifecycle rule)."""
-        from .scratch import alive
+        from ..runtime.scratch import alive
 
         if not self.local or not os.path.isdir(self.root):
             return []
@@ -270,6 +270,6 @@ class Store:
 
 def temporary_tag() -> str:
     """`<host>~<pid>-<start time>`: which host and process writes a folder store's temporary file."""
-    from .scratch import owner_tag
+    from ..runtime.scratch import owner_tag
 
     return f"{socket.gethostname().replace('.', '_').replace('~', '_')}~{owner_tag()}"

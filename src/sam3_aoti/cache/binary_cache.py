@@ -24,8 +24,8 @@ import time
 from pathlib import Path, PurePosixPath
 
 from ..errors import InputError, Sam3AotiError
-from .files import human_size, sha256, write_text_atomic
-from .scratch import alive, cache_dir, owner_tag
+from ..runtime.files import human_size, sha256, write_text_atomic
+from ..runtime.scratch import alive, cache_dir, owner_tag
 from .signing import KEY_NAME, SecretKey, PublicKey, TrustError, signer
 from .store import Store, StoreError
 

@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import PackageError, Sam3AotiError, first_line
-from .contract import NEGATIVE, POSITIVE
-from .exemplars import parse_box
-from .images import read_image
-from .inference import package_device
+from .errors import PackageError, Sam3AotiError, first_line
+from .runtime.contract import NEGATIVE, POSITIVE
+from .runtime.exemplars import parse_box
+from .runtime.images import read_image
+from .runtime.inference import check_request, package_device
 
 
 def check_output(output: Path) -> list[Path]:
@@ -49,6 +49,7 @@ def predict(package_path: Path, image_path: Path, prompts: list[str], threshold:
     """`boxes` (pixel corners) with `labels` (1 positive, 0 negative) are exemplars drawn on `image_path`, or on
     `exemplar_image` when given (one exemplar set searched for in another image); with no prompt the phrase is
     Meta's "visual"."""
+    check_request(prompts, boxes, threshold, exemplar_image)
     created = check_output(output)
     try:
         return _predict(package_path, image_path, prompts, threshold, output, trust, sha256, list(boxes),
@@ -64,11 +65,11 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
              trust: bool, sha256: str | None, boxes: list, labels: list, exemplar_image: Path | None) -> dict:
     import torch
 
-    from .contract import VISUAL_PROMPT
-    from .exemplars import normalized_boxes
-    from .inference import run_prompts
-    from .loader import load_package
-    from .postprocess import instances, overlay, to_tensor
+    from .runtime.contract import VISUAL_PROMPT
+    from .runtime.exemplars import normalized_boxes
+    from .runtime.inference import encode_exemplars, run_prompts
+    from .runtime.loader import load_package
+    from .runtime.postprocess import instances, overlay, to_tensor
 
     image = read_image(image_path)
     drawn_on = read_image(exemplar_image) if exemplar_image else image
@@ -84,9 +85,8 @@ def _predict(package_path: Path, image_path: Path, prompts: list[str], threshold
         features = None
         if exemplars is not None:  # drawn on this image: its own features; on another: that image's
             features = package.encode_image(pixels)
-            source = features if exemplar_image is None else package.encode_image(
-                package.transforms(to_tensor(drawn_on, device)))
-            exemplars = package.encode_boxes(source, *(t.to(device) for t in exemplars))
+            exemplars = encode_exemplars(package, exemplars, drawn_on, device,
+                                         features if exemplar_image is None else None)
         outputs = run_prompts(package, pixels, token_ids, exemplars, features)
     seconds = time.perf_counter() - t0
     found = instances(outputs, prompts, image.shape[:2], threshold=threshold)
@@ -115,7 +115,7 @@ def outputs_of(output: Path) -> tuple[Path, Path]:
 
 
 def show_info(path: Path, as_json: bool, trust: bool, sha256: str | None) -> None:
-    from .info import archive_info, format_info
+    from .runtime.info import archive_info, format_info
 
     info = archive_info(path, trust, sha256)
     print(json.dumps(info, indent=2) if as_json else format_info(info))
@@ -125,7 +125,7 @@ def keygen(name: str, out: Path) -> None:
     """A new ed25519 signing key in `out` (owner-only, never overwritten); its public key on stdout."""
     import os
 
-    from .signing import SecretKey
+    from .cache.signing import SecretKey
 
     key = SecretKey.generate(name)
     try:
@@ -143,8 +143,8 @@ def keygen(name: str, out: Path) -> None:
 
 
 def pull(url: str, ref: str, dest: Path, trusted: list[str], allow_older: bool = False) -> None:
-    from .binary_cache import pull as pull_ref
-    from .signing import trusted_keys
+    from .cache.binary_cache import pull as pull_ref
+    from .cache.signing import trusted_keys
 
     t0 = time.perf_counter()
     origin = pull_ref(url, ref, dest, trusted_keys(trusted),
@@ -154,15 +154,9 @@ def pull(url: str, ref: str, dest: Path, trusted: list[str], allow_older: bool =
           f"({time.perf_counter() - t0:.1f} s)")
 
 
-def run_segment(parser, args) -> None:
-    from .segment import segment
+def run_segment(args) -> None:
+    from .batch import segment
 
-    if args.batch_size < 1 or args.part_images < 1 or (args.actors is not None and args.actors < 1):
-        parser.error("--batch-size, --part-images and --actors take 1 or more")
-    if not args.prompt and not (args.box or args.negative_box):
-        parser.error("give --prompt, --box or both")
-    if args.ref and not args.cache:
-        parser.error("--ref names a package in a binary cache: give --cache URL too")
     boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
     labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
     stdout = sys.stdout
@@ -190,6 +184,29 @@ def main(argv: list[str] | None = None) -> None:
 BOX_OPTIONS = ("--box", "--negative-box")
 
 
+def add_request_options(command, boxes_on_type) -> None:
+    """What predict and segment are asked: prompts, exemplar boxes and the image they are drawn on, the threshold."""
+    command.add_argument("--prompt", action="append", default=[],
+                         help="a noun phrase; repeat for several (none with --box: Meta's \"visual\")")
+    command.add_argument("--box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                         help="an exemplar box, pixel corners on the image it is drawn on: find things like what it "
+                              "holds (repeat)")
+    command.add_argument("--negative-box", action="append", default=[], metavar="X0,Y0,X1,Y1",
+                         help="an exemplar box of what not to find (repeat)")
+    command.add_argument("--boxes-on", type=boxes_on_type, metavar="IMAGE",
+                         help="the image the boxes are drawn on (a path or URL), searched for in every image (for "
+                              "predict, --image when left out)")
+    command.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+
+
+def add_trust_options(command) -> None:
+    """How a package is trusted: its digest, or the user's word."""
+    command.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package "
+                                          "(instead of the .sha256 file beside it)")
+    command.add_argument("--trust", action="store_true", help="use a package with no digest to check (it is native "
+                                                              "code)")
+
+
 def boxes_as_values(argv: list[str]) -> list[str]:
     """`--box -5,10,50,60` as `--box=-5,10,50,60`: argparse takes a value that starts with `-` and is no plain
     number for an option, and would say "expected one argument" instead of checking the box."""
@@ -203,7 +220,7 @@ def boxes_as_values(argv: list[str]) -> list[str]:
 
 
 def run_command(argv: list[str] | None) -> None:
-    from .. import __version__
+    from . import __version__
 
     parser = argparse.ArgumentParser(prog="sam3-aoti", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sam3-aoti {__version__}")
@@ -211,21 +228,10 @@ def run_command(argv: list[str] | None) -> None:
     run = commands.add_parser("predict", help="run a package on an image and write an overlay PNG + JSON")
     run.add_argument("package", type=Path, help="the .pt2 archive (artifacts/<profile>/package/sam3.pt2)")
     run.add_argument("--image", type=Path, required=True, help="an RGB image file")
-    run.add_argument("--prompt", action="append", default=[], help="a noun phrase; repeat for several (none with "
-                                                                  "--box: Meta's \"visual\")")
-    run.add_argument("--box", action="append", default=[], metavar="X0,Y0,X1,Y1",
-                     help="an exemplar box, pixels of the image: find things like what it holds (repeat)")
-    run.add_argument("--negative-box", action="append", default=[], metavar="X0,Y0,X1,Y1",
-                     help="an exemplar box of what not to find (repeat)")
-    run.add_argument("--boxes-on", type=Path, metavar="IMAGE",
-                     help="the boxes are drawn on this image, searched for in --image (one exemplar, many tiles)")
-    run.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+    add_request_options(run, boxes_on_type=Path)
     run.add_argument("--output", type=Path, help="output path without suffix, or a folder to write <image stem>_sam3.* "
                                                  "into (default: <image stem>_sam3)")
-    run.add_argument("--sha256", help="the package's sha256, as you got it beside or before the package (instead of "
-                                      "the .sha256 file beside it)")
-    run.add_argument("--trust", action="store_true",
-                     help="load a package with no digest to check (it runs native code)")
+    add_trust_options(run)
     many = commands.add_parser("segment", help="a package over a folder, glob, list or bucket prefix of images, on "
                                                "Ray Data, into a resumable Parquet dataset of instances")
     many.add_argument("collection", help="a folder, a glob ('tiles/*.jpg'), a .txt file of paths, or a prefix "
@@ -238,26 +244,18 @@ def run_command(argv: list[str] | None) -> None:
                       help="a public key whose signature on --ref is trusted (also $SAM3_AOTI_TRUSTED_KEYS)")
     many.add_argument("--output", type=Path, required=True, help="folder of the Parquet dataset (resumed if it "
                                                                  "holds an interrupted run with the same settings)")
-    many.add_argument("--prompt", action="append", default=[], help="a noun phrase; repeat for several")
-    many.add_argument("--box", action="append", default=[], metavar="X0,Y0,X1,Y1",
-                      help="an exemplar box, pixels of --boxes-on (repeat)")
-    many.add_argument("--negative-box", action="append", default=[], metavar="X0,Y0,X1,Y1",
-                      help="an exemplar box of what not to find, pixels of --boxes-on (repeat)")
-    many.add_argument("--boxes-on", metavar="IMAGE", help="the image the boxes are drawn on (a path or URL)")
-    many.add_argument("--threshold", type=float, default=0.5, help="keep instances scoring at least this (0.5)")
+    add_request_options(many, boxes_on_type=str)
     many.add_argument("--batch-size", type=int, default=16, help="images per model call (16)")
     many.add_argument("--actors", type=int, help="model actors (default: one per GPU; one for a CPU package)")
     many.add_argument("--ray-address", help="a running Ray cluster (ray://HOST:10001 or auto); default: Ray "
                                             "starts on this machine")
     many.add_argument("--part-images", type=int, default=256,
                       help="images per committed Parquet part: what an interruption can cost (256)")
-    many.add_argument("--sha256", help="the package's sha256 (instead of the .sha256 file beside it)")
-    many.add_argument("--trust", action="store_true", help="load a package with no digest to check")
+    add_trust_options(many)
     info = commands.add_parser("info", help="models, backends, inputs/outputs, precision, GPU, versions, sizes")
     info.add_argument("package", type=Path, help="the .pt2 archive")
     info.add_argument("--json", action="store_true", help="print JSON for machines")
-    info.add_argument("--sha256", help="the package's sha256 (instead of the .sha256 file beside it)")
-    info.add_argument("--trust", action="store_true", help="describe a package with no digest to check")
+    add_trust_options(info)
     get = commands.add_parser("pull", help="a verified package by a signed ref from a binary cache")
     get.add_argument("url", help="the cache: a folder, file://, s3://bucket/prefix or https://")
     get.add_argument("ref", help="the ref a builder published, e.g. sam3-bf16-cuda@NVIDIA-H200")
@@ -281,15 +279,9 @@ def run_command(argv: list[str] | None) -> None:
     if args.command == "info":
         show_info(args.package, args.json, args.trust, args.sha256)
         return
-    if not 0.0 <= args.threshold <= 1.0:
-        parser.error("--threshold must be between 0 and 1")
     if args.command == "segment":
-        run_segment(parser, args)
+        run_segment(args)
         return
-    if not args.prompt and not (args.box or args.negative_box):
-        parser.error("give --prompt, --box or both")
-    if args.boxes_on and not (args.box or args.negative_box):
-        parser.error("--boxes-on names the image the --box corners are on: give --box too")
     boxes = [parse_box(b) for b in args.box] + [parse_box(b) for b in args.negative_box]
     labels = [POSITIVE] * len(args.box) + [NEGATIVE] * len(args.negative_box)
     output = args.output or Path(f"{args.image.stem}_sam3")

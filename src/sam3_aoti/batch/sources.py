@@ -1,6 +1,6 @@
 """What `segment` reads: a collection named by a folder, a glob, a text file of paths, or a prefix on object
 storage, listed as sorted full names (local absolute paths, or URLs), each read whole and bounded. Object
-storage goes through fsspec with the binary cache's time limits (`runtime.store`), so a bucket the cache can
+storage goes through fsspec with the binary cache's time limits (`cache.store`), so a bucket the cache can
 read, `segment` can read."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-from ...errors import ConfigError, PackageError, first_line
+from ..errors import ConfigError, PackageError, first_line
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp", ".gif")
 LIST_SUFFIXES = (".txt", ".lst")  # a text file naming one image per line
@@ -23,7 +23,7 @@ def is_url(name: str) -> bool:
 
 def filesystem(url: str):
     """(fsspec filesystem, path inside it) for a URL, with the cache's time limits on connecting and reading."""
-    from ..store import Store
+    from ..cache.store import Store
 
     store = Store(url)
     return store.fs, store.root
@@ -141,7 +141,7 @@ def decode(name: str, sha256: str | None = None):
     only if its bytes are those (the exemplar image a run's settings name by content)."""
     import hashlib
 
-    from ..images import decode_image
+    from ..runtime.images import decode_image
 
     data = read_source(name)
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...errors import ConfigError, PackageError, Sam3AotiError, first_line
+from ..errors import ConfigError, PackageError, Sam3AotiError, first_line
 
 DECODE_BATCH = 4  # images a CPU task reads and decodes at once
 
@@ -54,12 +54,12 @@ def package_identity(package: str | None, ref: str | None, cache: str | None, tr
                      sha256: str | None, trust: bool) -> tuple[object, Path, str]:
     """(what each actor is given to load, a local copy to read the metadata from, the package's sha256). A ref is
     pulled here first, checked as `pull` checks it: the run is bound to the sha256 it names now."""
-    from ..files import sha256_once
-    from ..integrity import digest_file, normalize_digest, read_digest_file
+    from ..runtime.files import sha256_once
+    from ..runtime.integrity import digest_file, normalize_digest, read_digest_file
 
     if ref:
-        from ..binary_cache import pull_once
-        from ..signing import trusted_keys
+        from ..cache.binary_cache import pull_once
+        from ..cache.signing import trusted_keys
         from .worker import pulled_packages
 
         if not cache:
@@ -83,17 +83,21 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
             actors: int | None = None, part_images: int = 256, sha256: str | None = None,
             trust: bool = False) -> dict:
     """Segment every image of `collection` into `output` (`dataset`); returns the run's summary."""
-    from ..contract import VISUAL_PROMPT
-    from ..info import archive_info
+    from ..runtime.contract import VISUAL_PROMPT
+    from ..runtime.info import archive_info
     from .dataset import Output, new_run_id
     from .sources import list_sources
 
+    from ..runtime.inference import check_request
+
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
-    if prompts:  # one line now, not a trace from every actor
-        from ..tokenizer import encode_prompts
-
-        encode_prompts(list(prompts))
+    check_request(prompts, boxes, threshold, boxes_on)  # one line now, not a trace from every actor
+    if min(batch_size, part_images, 1 if actors is None else actors) < 1:
+        raise ConfigError(f"batch size {batch_size}, images per part {part_images} and actors {actors} must each be "
+                          "1 or more (--batch-size, --part-images, --actors)")
+    if ref and not cache:
+        raise ConfigError(f"{ref} names a package in a binary cache: give the cache too (--cache URL)")
     if boxes and not boxes_on:
         raise ConfigError("--box corners are pixels of one image: name it with --boxes-on IMAGE (its exemplars "
                           "are searched for in every image of the collection)")
@@ -101,11 +105,11 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
     unlisted: list = []  # what the listing left out, and why: the run's first error rows
     sources = list_sources(collection, unlisted)
     if boxes:  # checked here, in one line, not in every actor
-        from ..exemplars import normalized_boxes
+        from ..runtime.exemplars import normalized_boxes
         import hashlib
         import io
 
-        from ..images import decode_image
+        from ..runtime.images import decode_image
         from .sources import is_url, read_source
 
         boxes_on = boxes_on if is_url(boxes_on) else str(Path(boxes_on).absolute())
@@ -154,7 +158,7 @@ def error_rows(problems: list):
     """(name, reason) pairs as the rows of images that could not be segmented."""
     import pyarrow as pa
 
-    from .worker import segmented_schema
+    from .schemas import segmented_schema
 
     return pa.Table.from_pylist([{"source": name, "width": 0, "height": 0, "error": reason, "seconds": 0.0,
                                   "instances": []} for name, reason in problems], schema=segmented_schema())

@@ -8,34 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ...errors import PackageError, Sam3AotiError
-
-INSTANCE_FIELDS = ("prompt", "query", "score", "box_xyxy", "mask_area", "mask_counts")
-
-
-def instance_type():
-    """An instance as Arrow stores it: the score as the model's float32, the box in pixels of the image
-    (x0, y0, x1, y1), the mask's area and COCO RLE counts (its size is the image's)."""
-    import pyarrow as pa
-
-    return pa.struct([("prompt", pa.string()), ("query", pa.int32()), ("score", pa.float32()),
-                      ("box_xyxy", pa.list_(pa.float64(), 4)), ("mask_area", pa.int64()),
-                      ("mask_counts", pa.string())])
-
-
-def decoded_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("pixels", pa.large_binary()), ("width", pa.int32()),
-                      ("height", pa.int32()), ("error", pa.string())])
-
-
-def segmented_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-                      ("error", pa.string()), ("seconds", pa.float64()), ("instances", pa.list_(instance_type()))])
-
+from ..errors import PackageError, Sam3AotiError
+from .schemas import decoded_schema, segmented_schema
 
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
@@ -70,7 +44,7 @@ def coco_rle(mask) -> str:
 def pulled_packages() -> Path:
     """Where `segment` keeps the packages it pulled by ref on this machine: one folder per sha256, shared by
     every run (`binary_cache.pull_once`)."""
-    from ..scratch import cache_dir
+    from ..runtime.scratch import cache_dir
 
     return cache_dir() / "segment" / "packages"
 
@@ -80,8 +54,8 @@ def pulled_package(spec: dict) -> Path:
     first actor of a machine pulls it under a lock, the others (and later runs) find it there. Its sha256 must be
     the one the run started with (`spec["sha256"]`): a ref moved mid-run is refused, not mixed into one
     dataset."""
-    from ..binary_cache import pull_once
-    from ..signing import trusted_keys
+    from ..cache.binary_cache import pull_once
+    from ..cache.signing import trusted_keys
 
     folder = pull_once(spec["cache"], spec["ref"], pulled_packages(), trusted_keys(spec["trusted"]))
     if folder.name != spec["sha256"]:
@@ -93,7 +67,7 @@ def pulled_package(spec: dict) -> Path:
 class Segmenter:
     """`Segmenter(package, prompts)(batch)`: `batch` has `source`, `pixels`, `width`, `height`, `error` columns
     (`decode_batch`); the result has `source`, `width`, `height`, `error`, `seconds` and `instances` (a list per
-    image of `INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
+    image of `schemas.INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
     `{"cache", "ref", "trusted", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
     `labels` 1 or 0) are drawn on the image `boxes_on` (whose bytes must have `boxes_on_sha256`, when given) and
     searched for in every image. On a GPU the model
@@ -103,11 +77,10 @@ class Segmenter:
                  sha256: str | None = None, trust: bool = False, boxes_on_sha256: str | None = None):
         import torch
 
-        from ..contract import VISUAL_PROMPT
-        from ..exemplars import normalized_boxes
-        from ..inference import package_device
-        from ..loader import load_package
-        from ..postprocess import to_tensor
+        from ..runtime.contract import VISUAL_PROMPT
+        from ..runtime.exemplars import normalized_boxes
+        from ..runtime.inference import encode_exemplars, package_device
+        from ..runtime.loader import load_package
         from .sources import decode
 
         if isinstance(package, dict):  # checked against the digest the signed ref named, not the file beside it
@@ -124,16 +97,15 @@ class Segmenter:
             if boxes:
                 drawn_on = decode(boxes_on, boxes_on_sha256)
                 normalized = normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
-                features = self.package.encode_image(self.package.transforms(to_tensor(drawn_on, self.device)))
-                self.exemplars = self.package.encode_boxes(features, *(t.to(self.device) for t in normalized))
+                self.exemplars = encode_exemplars(self.package, normalized, drawn_on, self.device)
 
     def __call__(self, batch: dict):
         import numpy as np
         import pyarrow as pa
         import torch
 
-        from ..inference import run_prompts
-        from ..postprocess import instances, to_tensor
+        from ..runtime.inference import run_prompts
+        from ..runtime.postprocess import instances, to_tensor
 
         t0 = time.perf_counter()
         sizes = [(int(h), int(w)) for h, w in zip(batch["height"], batch["width"])]

@@ -1,0 +1,8 @@
+"""`sam3-aoti segment` (the `batch` extra: Ray, pyarrow, pycocotools): a package over a collection of images (a
+folder, a glob, a list, a bucket prefix) on Ray Data, into a resumable Parquet dataset of instances. The runtime
+never imports it (import-linter)."""
+
+from .engine import segment
+from .worker import Segmenter, decode_batch
+
+__all__ = ["Segmenter", "decode_batch", "segment"]

@@ -1,0 +1,162 @@
+"""One reader of a package: the file opened once, its zip directory read once, its metadata parsed once. The
+integrity check, the loader and `info` all read through it, so what was checked is what loads. Imports no torch.
+
+Whatever happens to the file after it was opened moves its ctime (a write into it, or a rename over its path,
+which unlinks it): `check_unchanged` then raises PackageChanged, and `integrity.read_consistently` copies what is
+open into this process's own folder (`private_copy`), checks the copy again and reads it from then on. A file
+written within the last second, whose ctime could not show a second write in the same tick, is copied that way
+from the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from ..errors import PackageError
+from .archive import METADATA_FILE, READ_LIMITS, VOCAB_FILE, archive_entries, parse_metadata, read_bounded
+from .files import open_regular
+from .scratch import process_folder
+
+RACY_NS = 1_000_000_000  # a file changed this recently is hashed again next time
+AOTI_PREFIX = "data/aotinductor/"
+ZIP_ERRORS = (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError, zlib.error)
+T = TypeVar("T")
+
+
+class PackageChanged(PackageError):
+    """The package file changed (written, or renamed over) after it was opened: read it again (`recheck`)."""
+
+
+class PackageFile:
+    """A package opened once, so that what is checked is what is read. `zip`, `entries`, `extra_files`,
+    `metadata` and `built_for` are read the first time they are asked for and kept (until a private copy
+    replaces the file); `check_unchanged` raises PackageChanged when the file changed since it was opened."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self.file = open_regular(self.path)
+        except OSError as e:
+            raise PackageError(f"{self.path} cannot be read ({e.strerror}): pass the .pt2 file the `package` "
+                               "stage wrote") from None
+        if self.file is None:
+            raise PackageError(f"{self.path} is not a regular file (a folder, a FIFO or a device): pass the .pt2 "
+                               "file the `package` stage wrote")
+        self.opened = os.fstat(self.file.fileno())
+        self.copied = self.copy_next = False
+        self.checked_with: tuple = (False, None)  # check_package's trust and digest, for `recheck`
+        self._read: dict = {}
+
+    def __enter__(self) -> "PackageFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def truncated(self) -> PackageError:
+        return PackageError(f"{self.path} is truncated or not a sam3-aoti package: rebuild it with "
+                            "`uv run doit package`")
+
+    def _once(self, key: str, read: Callable[[], T]) -> T:
+        if key not in self._read:
+            try:
+                self._read[key] = read()
+            except ZIP_ERRORS:
+                raise self.truncated() from None
+        return self._read[key]
+
+    @property
+    def zip(self) -> zipfile.ZipFile:
+        """The archive, its directory read once, read through this open file."""
+        return self._once("zip", lambda: zipfile.ZipFile(self.file))
+
+    @property
+    def entries(self) -> dict[str, zipfile.ZipInfo]:
+        """Each entry by its name inside the archive's root folder."""
+        return self._once("entries", lambda: {inner: self.zip.getinfo(name)
+                                              for inner, name in archive_entries(self.zip).items()})
+
+    def read(self, inner: str, limit: int) -> bytes:
+        """An entry's bytes, read only up to `limit` (the sizes a zip declares can lie)."""
+        try:
+            return read_bounded(self.zip, self.entries[inner].filename, limit)
+        except ZIP_ERRORS:
+            raise self.truncated() from None
+
+    @property
+    def extra_files(self) -> dict[str, str]:
+        """The metadata and the vocabulary, by name, each read within its limit."""
+        def read() -> dict[str, str]:
+            if f"extra/{METADATA_FILE}" not in self.entries:
+                raise KeyError(METADATA_FILE)
+            return {name: self.read(f"extra/{name}", READ_LIMITS[name]).decode()
+                    for name in (METADATA_FILE, VOCAB_FILE) if f"extra/{name}" in self.entries}
+        return self._once("extra_files", read)
+
+    @property
+    def metadata(self) -> dict:
+        """metadata.json, its fields' types checked (`archive.parse_metadata`)."""
+        return self._once("metadata", lambda: parse_metadata(self.extra_files[METADATA_FILE], self.path))
+
+    @property
+    def built_for(self) -> dict[str, dict]:
+        """Each AOTI model's build record (AOTI_DEVICE_KEY, AOTI_COMPUTE_CAPABILITY), by model name."""
+        def read() -> dict[str, dict]:
+            built = {}
+            for inner in self.entries:
+                if inner.startswith(AOTI_PREFIX) and inner.endswith(".wrapper_metadata.json"):
+                    record = json.loads(self.read(inner, READ_LIMITS["wrapper_metadata.json"]))
+                    built[inner.split("/")[2]] = record if isinstance(record, dict) else {}
+            return built
+        try:
+            return self._once("built_for", read)
+        except (ValueError, RecursionError):
+            raise PackageError(f"{self.path}: a model's build record is not JSON: rebuild it with "
+                               "`uv run doit package`") from None
+
+    @property
+    def racy(self) -> bool:
+        """Written within the last second: a second write in the same tick of the file's clock would not show."""
+        return not self.copied and (self.copy_next or time.time_ns() - self.opened.st_ctime_ns < RACY_NS)
+
+    def private_copy(self) -> str:
+        """Copy the open file into this process's own folder (unlinked at once: only this open file reaches it),
+        hashing the bytes copied; read the copy from now on. Returns their sha256."""
+        fd, name = tempfile.mkstemp(suffix=".pt2", dir=process_folder())
+        os.unlink(name)
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(os.dup(fd), "wb") as copy:
+                self.file.seek(0)
+                while block := self.file.read(1 << 24):
+                    digest.update(block)
+                    copy.write(block)
+        except OSError as e:
+            os.close(fd)
+            raise PackageError(f"cannot copy {self.path} into {process_folder()} to check it ({e.strerror}): free "
+                               "space there, or set SAM3_AOTI_CACHE to a folder with room") from None
+        self.file.close()
+        self.file, self.copied, self._read = os.fdopen(fd, "rb"), True, {}
+        self.opened = os.fstat(fd)
+        return digest.hexdigest()
+
+    def check_unchanged(self) -> None:
+        """PackageChanged if the file changed since it was opened (its ctime moves on a write, and on a rename
+        over its path)."""
+        now = os.fstat(self.file.fileno())
+        if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (self.opened.st_size, self.opened.st_mtime_ns,
+                                                                 self.opened.st_ctime_ns):
+            raise PackageChanged(f"{self.path} changed while it loaded: load it again once whatever writes it "
+                                 "is done")

@@ -1,0 +1,76 @@
+"""Every call the runtime makes into torch's private API, in one place: the file to read when torch is upgraded.
+
+AOTInductor's model runners (`torch._C._aoti`), the exported-program archive reader (`load_pt2`), pytree's
+spec and tree functions, and the version shims. Each is a thin wrapper; what they do is the loader's business.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..errors import PackageError
+
+
+def before_loading() -> None:
+    """torch 2.10 needs Inductor's code cache imported before AOTI packages load (3 s); 2.11 and later do not."""
+    import torch
+
+    if torch.__version__ < "2.11":
+        import torch._inductor.codecache  # noqa: F401
+
+
+class AotiRunner:
+    """One AOTI model unpacked into `folder` (`loader.unpack_model`: this process's own temporary folder; torch's
+    package loader would unpack into /tmp/XXXXXX, left there when a load is interrupted), loaded with torch's
+    model runner, called with tensors. Its weights are read from the blob, which is then removed: the code stays
+    for the life of the runner (CUDA kernels load on first use). The runner owns the folder. Inputs are made
+    contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would be
+    read wrongly, silently."""
+
+    def __init__(self, folder: Path, device: str = "cpu", single_threaded: bool = False):
+        import weakref
+
+        import torch
+        from torch.utils import _pytree
+
+        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+        shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
+        if device == "cuda":
+            self.runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder),
+                                                                      single_threaded)
+        else:
+            self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(shared[0]), 1)
+        for blob in folder.glob("*_weights.blob"):
+            self.runner.update_constant_buffer_from_blob(str(blob))
+            blob.unlink()  # read into the runner's constants: a second copy on disk helps no one
+        self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
+
+    def __call__(self, *args):
+        from torch.utils import _pytree
+
+        return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
+
+    def read_weights_of(self, other: "AotiRunner") -> None:
+        """Point this model's constants at `other`'s tensors of the same names, uncopied (user-managed): a part
+        of the split model reads `model`'s weights, so they sit in memory once."""
+        theirs = other.runner.extract_constants_map(False)  # by original name (fqn)
+        mine = self.runner.get_constant_names_to_original_fqns()  # this model's own name -> fqn
+        missing = sorted(fqn for fqn in mine.values() if fqn not in theirs)
+        if missing:
+            raise PackageError(f"a part of the package reads {len(missing)} tensors model lacks ({missing[0]}...): "
+                               "rebuild it with `uv run doit package`")
+        self.runner.update_constant_buffer({k: theirs[fqn] for k, fqn in mine.items()}, False, True, True)
+
+
+def tree_map(fn, tree):
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(fn, tree)
+
+
+def exported_programs(file) -> dict:
+    """The exported programs of a PT2 archive, read from an open file (torch's archive reader)."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    return load_pt2(file).exported_programs
