@@ -60,7 +60,7 @@ if [[ -d $staging/logs/tinytuned ]]; then
 fi
 copy logs/tinytuned-test.log tinytuned-test.log
 copy logs/timings.tsv timings.tsv
-for dir in heads heads-fp32-linears levers-off levers-on; do  # scripts/checks/part_times.py's outputs
+for dir in heads heads-fp32-linears optimizations-off optimizations-on; do  # scripts/checks/part_times.py's outputs
     [[ -d $staging/logs/$dir ]] && rm -rf "${dest:?}/$dir" && cp -r "$staging/logs/$dir" "$dest/$dir"
 done
 for log in heads-parity heads-parity-fp32-linears levers-parity; do copy "logs/$log.log" "$log.log"; done

@@ -36,9 +36,9 @@
 #          list, picks others), with the split models' table, then parity with Meta's SAM3 under bf16 autocast
 #   exemplars: the bf16 split package from nothing, verify with the exemplar-box cases, the bench's AOTI + CUDA
 #          graphs column at 1 x 1, 2 x 3, 1 x 16 (the box rows), parity with Meta's SAM3 (box cases included)
-#   levers: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; LEVERS_PARTS,
-#          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (LEVERS_SHAPES picks others)
-#          without them (or with LEVERS_BASE's, a TOML list) and with pipeline.toml's (or LEVERS_ON's)
+#   optimizations: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; OPTIMIZATIONS_PARTS,
+#          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (OPTIMIZATIONS_SHAPES picks others)
+#          without them (or with OPTIMIZATIONS_BASE's, a TOML list) and with pipeline.toml's (or OPTIMIZATIONS_ON's)
 #          (scripts/checks/part_times.py), then eager parity with them
 #   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/checks/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
@@ -58,7 +58,7 @@
 # and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
 # attentions on SDPA is retried once with them eager (pipeline.toml [export] masked_attention; its log says).
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds, and the
-# parts that only time (heads, levers) after the benches, one after the other.
+# parts that only time (heads, optimizations) after the benches, one after the other.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
 #   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: bf16 tiny)
 #   scripts/gpu_full.sh wait SECS         wait until it ends or SECS pass, then pack reports and logs into
@@ -235,16 +235,16 @@ exemplars_part() {  # the bf16 split package from nothing, its verify with the e
     step exemplars-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine
 }
 
-levers_part() {  # no build: the parts [export] optimizations touch, with the base (LEVERS_BASE) and all; eager parity
-    local parts=${LEVERS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/part_times.py
-        --profile sam3 --precision bf16 --device cuda --shapes "${LEVERS_SHAPES:-1x1,1x16}" --kernels 8)
-    cd "$WORK/levers" && sed "s|^optimizations = .*|optimizations = ${LEVERS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
-    [[ -n ${LEVERS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $LEVERS_ON|" pipeline.toml
-    step levers-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
-    step levers-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
-        --out "$RESULTS/levers-off"
-    step levers-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/levers-on"
-    step levers-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
+optimizations_part() {  # no build: the parts [export] optimizations touch, with the base (OPTIMIZATIONS_BASE) and all; eager parity
+    local parts=${OPTIMIZATIONS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/part_times.py
+        --profile sam3 --precision bf16 --device cuda --shapes "${OPTIMIZATIONS_SHAPES:-1x1,1x16}" --kernels 8)
+    cd "$WORK/optimizations" && sed "s|^optimizations = .*|optimizations = ${OPTIMIZATIONS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
+    [[ -n ${OPTIMIZATIONS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $OPTIMIZATIONS_ON|" pipeline.toml
+    step optimizations-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
+    step optimizations-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
+        --out "$RESULTS/optimizations-off"
+    step optimizations-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/optimizations-on"
+    step optimizations-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
 }
 
 heads_part() {
@@ -311,7 +311,7 @@ tinytuned_part() {
 
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars heads levers; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars heads optimizations; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -359,7 +359,7 @@ run_all() {
         build segment-throughput throughput $SAM3 precision=bf16)
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $parts == *" heads "* ]] && (heads_part)
-    [[ $parts == *" levers "* ]] && (levers_part)
+    [[ $parts == *" optimizations "* ]] && (optimizations_part)
     return 0
 }
 
@@ -406,5 +406,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [levers] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -21,6 +21,8 @@ def pytest_configure(config):
     # OpenMP's waiting threads spin: the quick loop beside a tiny build took 183 s with the default, 49 s so.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
+    if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
+        os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
@@ -47,9 +49,12 @@ def pytest_xdist_auto_num_workers(config):
     return idle if idle >= 2 else 0
 
 
+BUILD_KEY = "SAM3_AOTI_TEST_BUILD_KEY"
+
+
 def the_build() -> Path:
-    """The tiny build of this checkout's content, kept per content (`helpers.build_key`)."""
-    return build_root() / build_key()
+    """The tiny build of this checkout's content when the run began, kept per content (`helpers.build_key`)."""
+    return build_root() / (os.environ.get(BUILD_KEY) or build_key())
 
 
 def second_build(config) -> Path:

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from sam3_aoti.stages import toolchain
 from sam3_aoti.toolchain import compiler_fixes, cuda_env, cuda_toolkit, facts
 from sam3_aoti.errors import ToolchainError
 
-from helpers import TINY, run_doit
+from helpers import REPO, TINY, run_doit
 
 needs_cuda_torch = pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA toolkit to set up")
 
@@ -330,3 +331,41 @@ def test_a_fix_the_probe_finds_beside_the_compile_has_it_compiled_again(monkeypa
         if saved is not None:
             fix.write_text(saved)
     assert sorted(calls) == ["compile", "compile", "probe"] and calls[-1] == "compile"
+
+
+def test_the_vector_isa_verdict_is_kept_per_machine_and_told_to_inductor(tmp_path, monkeypatch):
+    """The first compiling process checks (Inductor's own check, here stubbed) and keeps the verdict; later ones
+    skip the check only where every ISA built, and a failed verdict is never turned into a skip."""
+    import torch._inductor.config as config
+
+    from sam3_aoti.aoti import vec_isa
+
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path))
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    monkeypatch.setattr(vec_isa.platform, "machine", lambda: "x86_64")
+    checks = []
+    for verdict in (False, True):
+        monkeypatch.setattr(vec_isa, "_key", lambda: f"machine-{verdict}")
+        monkeypatch.setattr(vec_isa, "all_isas_build", lambda: checks.append(verdict) or verdict)
+        assert vec_isa.skip_known_isa_check() is False  # checked now, kept
+        assert config.cpp.vec_isa_ok is None
+        assert vec_isa.skip_known_isa_check() is verdict  # kept: not checked again
+        assert config.cpp.vec_isa_ok is (True if verdict else None)
+    assert checks == [False, True]
+    assert sorted(p.name for p in (tmp_path / "vec-isa").iterdir()) == ["machine-False.json", "machine-True.json"]
+
+
+@pytest.mark.slow  # Inductor builds and loads its ISA test libraries
+def test_a_skipped_isa_check_picks_the_isa_inductor_would(tmp_path):
+    probe = ("import json; import torch._inductor.config as c; from torch._inductor.cpu_vec_isa import pick_vec_isa; "
+             "from sam3_aoti.aoti.vec_isa import skip_known_isa_check; skipped = skip_known_isa_check(); "
+             "print(json.dumps([skipped, str(pick_vec_isa()), c.cpp.vec_isa_ok]))")
+    env = {**os.environ, "SAM3_AOTI_CACHE": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "PYTHONPATH": str(REPO / "src")}
+    first, second = (json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                               text=True, check=True).stdout.splitlines()[-1]) for _ in range(2))
+    assert first[0] is False and first[2] is None  # checked the usual way, and kept
+    [record] = (tmp_path / "vec-isa").iterdir()
+    all_build = json.loads(record.read_text())["all_build"]
+    assert second[0] is all_build  # skipped only where every ISA the CPU reports built
+    assert second[1] == first[1]  # and the same ISA picked

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from ..errors import CompileError, first_line
 from ..runtime.archive import MODEL_NAMES, PART_NAMES, archive_entries
+from .vec_isa import skip_known_isa_check
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
 # alike); no tensor constant folded into generated code, so the code is independent of weight values.
@@ -72,6 +73,7 @@ def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None)
 
     compilation_time_metrics.clear()  # the phases of this compile only
     t0 = time.perf_counter()
+    skip_known_isa_check()
     try:
         gm = program.module(check_guards=False)
     except TypeError:  # torch 2.10 has no check_guards

@@ -166,12 +166,12 @@ def device_problem(built: dict[str, dict]) -> str | None:
     without a GPU, or built for another GPU generation, and fail only at the first call."""
     import torch
 
-    for meta in built.values():
-        if meta.get("AOTI_DEVICE_KEY") != "cuda":
+    for record in built.values():
+        if record.get("AOTI_DEVICE_KEY") != "cuda":
             continue
         if not torch.cuda.is_available():
             return "its AOTI part is built for CUDA and no GPU is usable here"
-        want = meta.get("AOTI_COMPUTE_CAPABILITY", "")
+        want = record.get("AOTI_COMPUTE_CAPABILITY", "")
         have = "".join(map(str, torch.cuda.get_device_capability()))
         if want and want.replace(".", "") != have:
             return f"its AOTI part is built for compute capability {want}, this GPU has {have}"
