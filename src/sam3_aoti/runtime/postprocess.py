@@ -22,22 +22,34 @@ class Instance:
                 "box_xyxy": [round(v, 1) for v in self.box_xyxy], "mask_pixels": int(self.mask.sum())}
 
 
+MASK_BYTES = 1 << 28  # the most float32 memory full-size masks are resized in at once (64 of 1024 x 1024)
+
+
 def instances(outputs, prompts: list[str], image_hw: tuple[int, int], image_index: int = 0,
               threshold: float = 0.5, top_k: int | None = None) -> list[Instance]:
-    """Instances of one image across its prompts: score >= threshold, or the top_k best when given."""
+    """Instances of one image across its prompts: score >= threshold, or the top_k best when given. The kept
+    queries are picked, resized and brought to the host together (a wait for the device per image, not per
+    instance); boxes are scaled in Python floats, as ever."""
     h, w = image_hw
-    all_scores = scores(outputs)
     _, boxes, masks, _ = outputs
+    pairs = image_index * len(prompts) + torch.arange(len(prompts), device=boxes.device)
+    s = scores(outputs)[pairs]  # [P, Q]
+    if top_k:
+        k = min(top_k, s.shape[1])
+        prompt_of, query = torch.arange(len(prompts), device=s.device).repeat_interleave(k), s.topk(k).indices.flatten()
+    else:
+        prompt_of, query = (s >= threshold).nonzero().unbind(1)
+    picked_pairs = pairs[prompt_of]
+    kept_masks = masks[picked_pairs, query]
+    step = max(1, MASK_BYTES // (4 * h * w))
+    full = [F.interpolate(kept_masks[i:i + step, None].float(), size=(h, w), mode="bilinear")[:, 0] > 0
+            for i in range(0, len(query), step)]
+    full_masks = torch.cat(full).cpu().numpy() if full else np.zeros((0, h, w), bool)
     found = []
-    for p, prompt in enumerate(prompts):
-        pair = image_index * len(prompts) + p
-        s = all_scores[pair]
-        picked = s.topk(min(top_k, s.numel())).indices if top_k else (s >= threshold).nonzero()[:, 0]
-        for q in picked.tolist():
-            cx, cy, bw, bh = boxes[pair, q].tolist()
-            box = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
-            mask = F.interpolate(masks[pair, q][None, None].float(), size=(h, w), mode="bilinear")[0, 0] > 0
-            found.append(Instance(prompt, q, float(s[q]), box, mask.cpu().numpy()))
+    for p, q, score, (cx, cy, bw, bh), mask in zip(prompt_of.tolist(), query.tolist(), s[prompt_of, query].tolist(),
+                                                   boxes[picked_pairs, query].tolist(), full_masks):
+        box = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
+        found.append(Instance(prompts[p], q, score, box, mask))
     return sorted(found, key=lambda i: -i.score)
 
 
@@ -72,8 +84,9 @@ def overlay(image: np.ndarray, found: list[Instance], title: str, exemplars=()):
 
 
 def to_tensor(image: np.ndarray, device="cpu") -> torch.Tensor:
-    """HxWx3 uint8 -> [1,3,H,W] float in [0, 255], the `transforms` input."""
-    return torch.from_numpy(image).permute(2, 0, 1)[None].float().contiguous().to(device)
+    """HxWx3 uint8 -> [1,3,H,W] float in [0, 255], the `transforms` input. The bytes go to the device as they
+    are, a quarter of float32's, and become floats there."""
+    return torch.from_numpy(image).to(device).permute(2, 0, 1)[None].float().contiguous()
 
 
 def scores(outputs) -> torch.Tensor:

@@ -1,0 +1,58 @@
+"""Model outputs -> instances: the kept queries picked, resized and brought back together give what one
+instance at a time gave (the form every earlier release computed), bit for bit and in the same order."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sam3_aoti.runtime import postprocess
+from sam3_aoti.runtime.postprocess import instances, scores, to_tensor
+
+
+def one_at_a_time(outputs, prompts, image_hw, image_index=0, threshold=0.5, top_k=None):
+    """The reference: each kept instance picked, resized and copied to the host alone."""
+    h, w = image_hw
+    all_scores = scores(outputs)
+    _, boxes, masks, _ = outputs
+    found = []
+    for p, prompt in enumerate(prompts):
+        pair = image_index * len(prompts) + p
+        s = all_scores[pair]
+        picked = s.topk(min(top_k, s.numel())).indices if top_k else (s >= threshold).nonzero()[:, 0]
+        for q in picked.tolist():
+            cx, cy, bw, bh = boxes[pair, q].tolist()
+            box = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
+            mask = F.interpolate(masks[pair, q][None, None].float(), size=(h, w), mode="bilinear")[0, 0] > 0
+            found.append((prompt, q, float(s[q]), box, mask.numpy()))
+    return sorted(found, key=lambda i: -i[2])
+
+
+def random_outputs(images: int, prompts: int, queries: int = 16, side: int = 32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n = images * prompts
+    return (torch.randn(n, queries, 1, generator=g), torch.rand(n, queries, 4, generator=g) * 0.5 + 0.1,
+            torch.randn(n, queries, side, side, generator=g), torch.randn(n, 1, generator=g))
+
+
+@pytest.mark.parametrize("threshold, top_k, image_index, hw", [
+    (0.5, None, 0, (97, 150)), (0.2, None, 2, (64, 64)), (0.05, None, 1, (300, 41)), (0.99, None, 0, (50, 50)),
+    (0.5, 3, 1, (80, 120)), (0.5, 40, 0, (33, 33)),
+])
+def test_instances_of_one_image_are_the_one_at_a_time_instances(threshold, top_k, image_index, hw, monkeypatch):
+    monkeypatch.setattr(postprocess, "MASK_BYTES", 4 * hw[0] * hw[1] * 3)  # resized three masks at a time
+    prompts = ["a", "b", "c"]
+    outputs = random_outputs(3, len(prompts), seed=image_index)
+    got = instances(outputs, prompts, hw, image_index, threshold, top_k)
+    want = one_at_a_time(outputs, prompts, hw, image_index, threshold, top_k)
+    assert len(got) == len(want) and (len(want) > 0 or threshold > 0.9)
+    for inst, (prompt, q, score, box, mask) in zip(got, want):
+        assert (inst.prompt, inst.query, inst.score, inst.box_xyxy) == (prompt, q, score, box)
+        assert inst.mask.dtype == np.bool_ and np.array_equal(inst.mask, mask)
+
+
+def test_pixels_become_floats_on_the_device_unchanged():
+    image = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    tensor = to_tensor(image)
+    assert tensor.dtype == torch.float32 and tensor.shape == (1, 3, 5, 7) and tensor.is_contiguous()
+    assert torch.equal(tensor, torch.from_numpy(image).permute(2, 0, 1)[None].float())
