@@ -179,6 +179,8 @@ SCHEMA = {
     "throughput": ({
         "images": (*_int(1, 1_000_000), REQUIRED),
         "min_side": (*_int(2, 10_000), REQUIRED),
+        "large_width": (*_int(2, 20_000), REQUIRED),
+        "broken": (*_int(0, 1_000_000), REQUIRED),
         "prompt": ((lambda v: isinstance(v, str) and v.strip() != ""), "a noun phrase", REQUIRED),
         "batch_size": (*_int(1, 1024), REQUIRED),
     }, OPTIONAL),

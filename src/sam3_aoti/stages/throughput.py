@@ -1,9 +1,10 @@
-"""Stage `throughput` (on request): `sam3-aoti segment` over a folder of photographs on this machine, end to end
+"""Stage `throughput` (on request): `sam3-aoti segment` over a collection like a user's on this machine, end to end
 (Ray Data, decoding in CPU tasks, the model actors, masks upsampled and run-length encoded, Parquet written), in
 images per second against the bench's images per second at 16 images x 1 prompt for the same package, with the
-GPU's busy share sampled through the run (nvidia-smi). The photographs are the verify ones, resized so each has
-a short side of at least `[throughput] min_side` and cropped and flipped so no two files are alike, written as
-JPEG once. A benchmark, not a gate: writes throughput.json and throughput.md.
+GPU's busy share sampled through the run (nvidia-smi). The collection is the verify photographs, resized so each
+has a short side of at least `[throughput] min_side` (every 8th `large_width` px wide), cropped and flipped so no
+two are alike, written once as JPEG and PNG, with a few broken files beside them. A benchmark, not a gate:
+writes throughput.json and throughput.md.
 """
 
 from __future__ import annotations
@@ -28,33 +29,53 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins", "hubble_deep_field", "immunohistochemistry")
 
 
-def write_photos(folder: Path, count: int, min_side: int) -> list[Path]:
-    """`count` JPEG photographs, each short side `min_side` to `min_side` + 255 pixels, none alike."""
+LARGE_EVERY, PNG_EVERY = 8, 3  # every 8th photograph large_width px wide, every 3rd a PNG
+
+
+def write_collection(folder: Path, count: int, min_side: int, large_width: int, broken: int) -> dict:
+    """A collection like a user's, written once: `count` photographs, none alike (each short side `min_side` to
+    `min_side` + 255 px, or `large_width` px wide; PNG or JPEG), and `broken` files that are no image (a
+    truncated JPEG, an empty file, text named .png). Returns what it holds (collection.json)."""
     import numpy as np
     import skimage.data
     from PIL import Image, ImageOps
 
     from ..runtime.images import array_to_rgb8
 
-    folder.mkdir(parents=True, exist_ok=True)
-    made = sorted(folder.glob("*.jpg"))
-    if len(made) == count:
-        return made
-    shutil.rmtree(folder)
+    described = folder / "collection.json"
+    wanted = {"count": count, "min_side": min_side, "large_width": large_width, "broken": broken}
+    if described.is_file() and json.loads(described.read_text()).get("wanted") == wanted:
+        return json.loads(described.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     sources = [Image.fromarray(array_to_rgb8(getattr(skimage.data, name)())) for name in PHOTOS]
+    kinds = {"jpeg": 0, "png": 0, "large": 0, "broken": broken}
     for i in range(count):
         image = sources[i % len(sources)]
         side = min_side + int(rng.integers(0, 256))
-        scale = side / min(image.size)
+        scale = side / min(image.size) if i % LARGE_EVERY else large_width / image.width
         image = image.resize((round(image.width * scale * 1.1), round(image.height * scale * 1.1)), Image.BILINEAR)
         x, y = (int(rng.integers(0, max(1, d - round(d / 1.1)))) for d in image.size)
         image = image.crop((x, y, x + round(image.width / 1.1), y + round(image.height / 1.1)))
         if i // len(sources) % 2:
             image = ImageOps.mirror(image)
-        image.save(folder / f"{i:05d}.jpg", quality=90)
-    return sorted(folder.glob("*.jpg"))
+        kind = "png" if i % PNG_EVERY == 1 else "jpeg"
+        image.save(folder / f"{i:05d}.{'png' if kind == 'png' else 'jpg'}", **({} if kind == "png" else {"quality": 90}))
+        kinds[kind] += 1
+        kinds["large"] += not i % LARGE_EVERY
+    whole = next(folder.glob("*.jpg"), None)
+    for i in range(broken):
+        name = folder / f"broken-{i:03d}{('.jpg', '.jpg', '.png')[i % 3]}"
+        if i % 3 == 0 and whole is not None:
+            name.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # truncated
+        elif i % 3 == 1:
+            name.write_bytes(b"")
+        else:
+            name.write_text("not an image\n")
+    collection = {"wanted": wanted, "files": count + broken, **kinds}
+    described.write_text(json.dumps(collection, indent=2) + "\n")
+    return collection
 
 
 class GpuBusy:
@@ -105,12 +126,15 @@ def run(settings: Settings) -> None:
     from ..batch import segment
 
     paths, opts = ProfilePaths.of(settings), settings.stage("throughput")
-    photos = write_photos(paths.root / "throughput" / "photos", opts["images"], opts["min_side"])
-    log.info("%d photographs (JPEG, short side %d px and up) in %s", len(photos), opts["min_side"], photos[0].parent)
+    folder = paths.root / "throughput" / "collection"
+    collection = write_collection(folder, opts["images"], opts["min_side"], opts["large_width"], opts["broken"])
+    log.info("%d photographs (%d JPEG, %d PNG; short side %d px and up, %d of them %d px wide) and %d broken files "
+             "in %s", opts["images"], collection["jpeg"], collection["png"], opts["min_side"], collection["large"],
+             opts["large_width"], opts["broken"], folder)
     output = Path(tempfile.mkdtemp(prefix="segment-", dir=paths.root / "throughput"))
     try:
         with GpuBusy() as busy:
-            summary = segment(str(photos[0].parent), output, [opts["prompt"]], str(paths.package),
+            summary = segment(str(folder), output, [opts["prompt"]], str(paths.package),
                               batch_size=opts["batch_size"], part_images=opts["images"])
     finally:
         shutil.rmtree(output, ignore_errors=True)
@@ -118,6 +142,7 @@ def run(settings: Settings) -> None:
     startup_samples = int(summary["first_result_s"] / 0.2)
     data = {
         "images": summary["segmented"], "failed": summary["failed"], "min_side": opts["min_side"],
+        "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")}, "large_width": opts["large_width"],
         "prompt": opts["prompt"], "batch_size": opts["batch_size"], "actors": summary["actors"],
         "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"],
         "images_per_second": summary["images_per_second"], "steady_images_per_second": summary["steady_images_per_second"],
@@ -136,8 +161,10 @@ def run(settings: Settings) -> None:
                     f"{data['images_per_second']:.2f}", f"{data['steady_images_per_second']:.2f}",
                     dash(reference), dash(data["share_of_bench"] and f"{data['share_of_bench']:.0%}"),
                     dash(data["gpu_busy_share"] and f"{data['gpu_busy_share']:.0%}")]])
-    notes = [f"{data['date']}: `sam3-aoti segment` over {data['images']} JPEG photographs (short side "
-             f"{opts['min_side']} px and up), prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
+    notes = [f"{data['date']}: `sam3-aoti segment` over {opts['images']} photographs ({collection['jpeg']} JPEG, "
+             f"{collection['png']} PNG; short side {opts['min_side']} px and up, {collection['large']} of them "
+             f"{opts['large_width']} px wide) and {opts['broken']} broken files ({data['failed']} listed as errors), "
+             f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
              f"{data['actors']} model actor(s); reading, decoding, upsampling, run-length encoding and Parquet "
              "included. 'Running' leaves out Ray's start and the package's load (until the first results); the "
              f"GPU's busy share is nvidia-smi's utilization over the same span. Bench column: {dash(column)}."]

@@ -1,0 +1,31 @@
+"""`doit throughput`'s collection looks like a user's: mixed sizes, PNGs beside JPEGs, a few broken files."""
+
+from PIL import Image
+
+from sam3_aoti.errors import Sam3AotiError
+from sam3_aoti.runtime.images import read_image
+from sam3_aoti.stages.throughput import LARGE_EVERY, write_collection
+
+
+def test_the_collection_mixes_sizes_and_formats_and_holds_broken_files(tmp_path):
+    folder = tmp_path / "collection"
+    made = write_collection(folder, 12, 40, 300, 3)
+    photos = sorted(p for p in folder.iterdir() if p.suffix in (".jpg", ".png") and not p.name.startswith("broken"))
+    broken = sorted(folder.glob("broken-*"))
+    assert len(photos) == 12 and len(broken) == 3
+    assert {p.suffix for p in photos} == {".jpg", ".png"}
+    assert made["png"] == sum(p.suffix == ".png" for p in photos) and made["jpeg"] + made["png"] == 12
+    widths = [Image.open(p).width for p in photos]
+    assert sum(w == 300 for w in widths) == made["large"] == len(range(0, 12, LARGE_EVERY))
+    assert all(min(Image.open(p).size) >= 40 for p, w in zip(photos, widths) if w != 300)
+    for path in photos:
+        assert read_image(path).shape[2] == 3
+    for path in broken:  # each is an error row of its own in segment, never the end of the run
+        try:
+            read_image(path)
+        except Sam3AotiError:
+            continue
+        raise AssertionError(f"{path.name} read as an image")
+    stamp = (folder / "collection.json").stat().st_mtime_ns
+    assert write_collection(folder, 12, 40, 300, 3) == made  # written once
+    assert (folder / "collection.json").stat().st_mtime_ns == stamp
