@@ -56,3 +56,33 @@ def test_pixels_become_floats_on_the_device_unchanged():
     tensor = to_tensor(image)
     assert tensor.dtype == torch.float32 and tensor.shape == (1, 3, 5, 7) and tensor.is_contiguous()
     assert torch.equal(tensor, torch.from_numpy(image).permute(2, 0, 1)[None].float())
+
+
+@pytest.mark.parametrize("threshold, hw", [(0.2, (97, 150)), (0.1, (40, 31))])
+def test_masks_counted_into_runs_encode_as_pycocotools_encodes_the_whole_mask(threshold, hw):
+    """What segment writes (runs counted where the masks are, then COCO's codec) is what pycocotools makes of
+    the full mask, and the areas agree."""
+    from pycocotools import mask as coco_mask
+
+    from sam3_aoti.batch.worker import coco_rle
+
+    prompts = ["a", "b"]
+    outputs = random_outputs(2, len(prompts), seed=5)
+    arrays = instances(outputs, prompts, hw, 1, threshold)
+    runs = instances(outputs, prompts, hw, 1, threshold, as_runs=True)
+    assert len(arrays) == len(runs) > 0
+    for a, r in zip(arrays, runs):
+        assert (a.prompt, a.query, a.score, a.box_xyxy, a.area) == (r.prompt, r.query, r.score, r.box_xyxy, r.area)
+        assert r.mask is None and a.area == int(a.mask.sum())
+        expected = coco_mask.encode(np.asfortranarray(a.mask.astype(np.uint8)))["counts"].decode("ascii")
+        assert coco_rle(r.runs, *hw) == expected
+
+
+def test_runs_of_empty_full_and_corner_masks():
+    masks = torch.zeros(4, 3, 5, dtype=torch.bool)
+    masks[1] = True
+    masks[2, 0, 0] = True  # a run of 0 zeros first
+    masks[3, :, 4] = True  # the last column
+    runs, areas = postprocess.column_runs(masks)
+    assert [r.tolist() for r in runs] == [[15], [0, 15], [0, 1, 14], [12, 3]]
+    assert areas == [0, 15, 1, 3]

@@ -217,9 +217,12 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
     images = ray.data.from_items([{"source": s} for s in todo],
                                  override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
     decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
+    # On a GPU, batches queue at each actor and the next one is batched while the model runs (Ray's pattern for
+    # batch inference; the model itself runs one batch at a time).
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
+        if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
     found = decoded.map_batches(Segmenter, fn_constructor_kwargs=segmenter, batch_size=batch_size,
-                                batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
-                                num_gpus=1 if device == "cuda" else 0, num_cpus=1)
+                                batch_format="numpy", compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
     t0, last, first, after_first = time.perf_counter(), 0.0, None, 0
     try:
         for table in found.iter_batches(batch_format="pyarrow", batch_size=None):

@@ -32,13 +32,13 @@ def decode_batch(batch: dict):
     return pa.Table.from_pydict(out, schema=decoded_schema())
 
 
-def coco_rle(mask) -> str:
-    """A boolean HxW mask as COCO's compressed run-length `counts` (column-major runs, pycocotools' own codec):
-    `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode` takes."""
-    import numpy as np
+def coco_rle(runs, height: int, width: int) -> str:
+    """A mask's run lengths (`postprocess.column_runs`) as COCO's compressed run-length `counts` (pycocotools'
+    own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode` takes."""
     from pycocotools import mask as coco_mask
 
-    return coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode("ascii")
+    return coco_mask.frPyObjects({"counts": [int(n) for n in runs], "size": [height, width]},
+                                 height, width)["counts"].decode("ascii")
 
 
 def pulled_packages() -> Path:
@@ -116,12 +116,12 @@ class Segmenter:
                 pixels = torch.cat([self.package.transforms(to_tensor(
                     np.frombuffer(batch["pixels"][i], np.uint8).reshape(*sizes[i], 3).copy(), self.device)) for i in good])
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
-                for k, i in enumerate(good):
+                for k, i in enumerate(good):  # masks counted into runs on the device: only the runs come back
                     found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
-                                 "box_xyxy": list(inst.box_xyxy), "mask_area": int(inst.mask.sum()),
-                                 "mask_counts": coco_rle(inst.mask)}
+                                 "box_xyxy": list(inst.box_xyxy), "mask_area": inst.area,
+                                 "mask_counts": coco_rle(inst.runs, *sizes[i])}
                                 for inst in instances(outputs, self.prompts, sizes[i], image_index=k,
-                                                      threshold=self.threshold)]
+                                                      threshold=self.threshold, as_runs=True)]
         seconds = (time.perf_counter() - t0) / max(len(good), 1)
         return pa.Table.from_pydict({
             "source": [str(s) for s in batch["source"]], "width": [w for _, w in sizes],

@@ -18,10 +18,9 @@ def archive_info(path: str | Path, trust: bool = False, sha256: str | None = Non
     if not path.is_file():
         raise PackageError(f"no package at {path}: pass the .pt2 file the `package` stage wrote")
     with PackageFile(path) as package:  # what is described is what is checked
-        def checked_description(package: PackageFile) -> dict:
-            described = _describe(package)
-            return {**described, "integrity": check_package(package, trust=trust, digest=sha256)}
-        return read_consistently(package, checked_description)
+        check_package(package, trust=trust, digest=sha256)
+        described = read_consistently(package, _describe)
+        return {**described, "integrity": package.verdict}
 
 
 def _describe(package: PackageFile) -> dict:

@@ -149,6 +149,11 @@ def check_package(package: Path | PackageFile, trust: bool = False, digest: str 
         with PackageFile(package) as opened:
             return check_package(opened, trust, digest)
     package.checked_with = (trust, digest)
+    package.verdict = _verdict(package, trust, digest)
+    return package.verdict
+
+
+def _verdict(package: PackageFile, trust: bool, digest: str | None) -> str:
     check_entries(package)
     recorded = digest_file(package.path)
     digest_passed = digest is not None

@@ -41,9 +41,10 @@ class Sam3Package:
         """The model's CudaGraphRunner (`.graphs`: the shapes captured), or None."""
         return getattr(self.runners["model"], "graph_runner", None)
 
-    def exported_only(self) -> "Sam3Package":
-        """The same package through its exported programs (the fallback beside it)."""
-        exported = self.exported or load_exported(self.path)
+    def exported_only(self, exported: dict | None = None) -> "Sam3Package":
+        """The same package through its exported programs (the fallback beside it; `exported`: them, loaded
+        already by `load_exported`)."""
+        exported = exported or self.exported or load_exported(self.path)
         runners = checked({name: exported[name].module() for name in models_of(self.metadata)}, self.metadata)
         return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
                            self.path, self.fallback_reason, exported, "off: exported programs")

@@ -15,21 +15,24 @@ class Instance:
     query: int
     score: float
     box_xyxy: tuple[float, float, float, float]  # pixels of the original image
-    mask: np.ndarray  # bool HxW
+    mask: np.ndarray | None  # bool HxW, or None where `runs` stand for it
+    area: int  # the mask's pixels
+    runs: np.ndarray | None = None  # COCO's run lengths of the mask (column-major, from a run of 0s)
 
     def as_json(self) -> dict:
         return {"prompt": self.prompt, "query": self.query, "score": round(self.score, 4),
-                "box_xyxy": [round(v, 1) for v in self.box_xyxy], "mask_pixels": int(self.mask.sum())}
+                "box_xyxy": [round(v, 1) for v in self.box_xyxy], "mask_pixels": self.area}
 
 
 MASK_BYTES = 1 << 28  # the most float32 memory full-size masks are resized in at once (64 of 1024 x 1024)
 
 
 def instances(outputs, prompts: list[str], image_hw: tuple[int, int], image_index: int = 0,
-              threshold: float = 0.5, top_k: int | None = None) -> list[Instance]:
+              threshold: float = 0.5, top_k: int | None = None, as_runs: bool = False) -> list[Instance]:
     """Instances of one image across its prompts: score >= threshold, or the top_k best when given. The kept
     queries are picked, resized and brought to the host together (a wait for the device per image, not per
-    instance); boxes are scaled in Python floats, as ever."""
+    instance); boxes are scaled in Python floats, as ever. `as_runs`: each mask as its run lengths, counted
+    where the masks are (`column_runs`), instead of the whole mask."""
     h, w = image_hw
     _, boxes, masks, _ = outputs
     pairs = image_index * len(prompts) + torch.arange(len(prompts), device=boxes.device)
@@ -42,15 +45,41 @@ def instances(outputs, prompts: list[str], image_hw: tuple[int, int], image_inde
     picked_pairs = pairs[prompt_of]
     kept_masks = masks[picked_pairs, query]
     step = max(1, MASK_BYTES // (4 * h * w))
-    full = [F.interpolate(kept_masks[i:i + step, None].float(), size=(h, w), mode="bilinear")[:, 0] > 0
-            for i in range(0, len(query), step)]
-    full_masks = torch.cat(full).cpu().numpy() if full else np.zeros((0, h, w), bool)
+    full_masks, runs, areas = [], [], []
+    for i in range(0, len(query), step):
+        chunk = F.interpolate(kept_masks[i:i + step, None].float(), size=(h, w), mode="bilinear")[:, 0] > 0
+        if as_runs:
+            chunk_runs, chunk_areas = column_runs(chunk)
+            runs += chunk_runs
+            areas += chunk_areas
+        else:
+            full_masks += list(chunk.cpu().numpy())
+            areas += [int(m.sum()) for m in full_masks[-len(chunk):]]
     found = []
-    for p, q, score, (cx, cy, bw, bh), mask in zip(prompt_of.tolist(), query.tolist(), s[prompt_of, query].tolist(),
-                                                   boxes[picked_pairs, query].tolist(), full_masks):
+    for j, (p, q, score, (cx, cy, bw, bh)) in enumerate(zip(prompt_of.tolist(), query.tolist(),
+                                                            s[prompt_of, query].tolist(),
+                                                            boxes[picked_pairs, query].tolist())):
         box = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
-        found.append(Instance(prompts[p], q, score, box, mask))
+        found.append(Instance(prompts[p], q, score, box, None if as_runs else full_masks[j], areas[j],
+                              runs[j] if as_runs else None))
     return sorted(found, key=lambda i: -i.score)
+
+
+def column_runs(masks) -> tuple[list, list]:
+    """Boolean [K, H, W] masks (on any device) -> each mask's COCO run lengths (column-major, from a run of 0s,
+    which may be empty) and its area, computed where the masks are: only the runs' ends cross to the host."""
+    k = masks.shape[0]
+    flat = masks.transpose(1, 2).reshape(k, -1)
+    change_row, change_at = (flat[:, 1:] != flat[:, :-1]).nonzero().unbind(1)
+    per_mask = torch.bincount(change_row, minlength=k).tolist()
+    ends, first, areas = (change_at + 1).cpu().numpy(), flat[:, 0].tolist(), flat.sum(1).tolist()
+    runs, start, size = [], 0, flat.shape[1]
+    for i in range(k):
+        edges = np.concatenate([[0], ends[start:start + per_mask[i]], [size]])
+        start += per_mask[i]
+        counts = np.diff(edges)
+        runs.append(np.concatenate([[0], counts]) if first[i] else counts)
+    return runs, [int(a) for a in areas]
 
 
 PALETTE = np.array([(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180),

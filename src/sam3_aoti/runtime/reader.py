@@ -53,6 +53,7 @@ class PackageFile:
         self.opened = os.fstat(self.file.fileno())
         self.copied = self.copy_next = False
         self.checked_with: tuple = (False, None)  # check_package's trust and digest, for `recheck`
+        self.verdict: str | None = None  # how check_package checked it, last
         self._read: dict = {}
 
     def __enter__(self) -> "PackageFile":

@@ -152,7 +152,7 @@ def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], ba
 def run(settings: Settings) -> None:
     from ..model.checkpoints import eager_reference
     from ..pipeline.cases import load_cases
-    from ..runtime.loader import load_package
+    from ..runtime.loader import load_exported, load_package
 
     paths = ProfilePaths.of(settings)
     mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
@@ -161,13 +161,14 @@ def run(settings: Settings) -> None:
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
-    with ThreadPoolExecutor(1) as loader:  # the eager model reads its checkpoint while the package loads
+    with ThreadPoolExecutor(2) as loader:  # the eager model and the fallback load while the package loads
         reference = loader.submit(eager_reference, settings)
+        exported = loader.submit(load_exported, paths.package)
         package = load_package(paths.package)
         if package.fallback_reason:
             raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                              f"rebuild with `uv run doit compile device={settings.device}`")
-        fallback = package.exported_only()
+        fallback = package.exported_only(exported.result())
         eager, transforms = reference.result()
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
