@@ -1,0 +1,37 @@
+"""The suite's own machinery: a group of tests stays on one worker, and `-n auto` counts the idle cores."""
+
+import subprocess
+import sys
+
+import conftest
+
+
+def test_a_group_of_tests_runs_on_one_worker(tmp_path):
+    """`--dist loadgroup` with the pytest and xdist of uv.lock: tests marked with one xdist_group share a
+    worker (the segment tests' one Ray; pytest 9.2 broke this silently, pytest-dev/pytest-xdist#1386)."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\nimport pytest\n\npytestmark = pytest.mark.xdist_group('ray')\n\n"
+        "@pytest.mark.parametrize('i', range(6))\ndef test_grouped(i):\n"
+        "    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n")
+    (tmp_path / "test_free.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(6))\ndef test_free(i):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                           "-rA", "-q", "-c", "/dev/null", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    workers = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("WORKER ")}
+    assert len(workers) == 1, proc.stdout[-2000:]
+
+
+def test_auto_takes_a_worker_per_idle_core_and_none_when_fewer_than_two(monkeypatch):
+    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: set(range(8)))
+    for busy, workers in [(0.1, 8), (2.4, 6), (6.6, 0), (7.9, 0)]:
+        monkeypatch.setattr(conftest, "busy_cores", lambda busy=busy: busy)
+        assert conftest.pytest_xdist_auto_num_workers(None) == workers
+    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(conftest, "busy_cores", lambda: 0.0)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 2
+
+
+def test_busy_cores_are_a_share_of_the_machine():
+    assert 0.0 <= conftest.busy_cores(0.05) <= (conftest.os.cpu_count() or 1)
