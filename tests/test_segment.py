@@ -539,3 +539,38 @@ def test_a_signal_to_the_driver_commits_what_came_back_ends_its_ray_and_exits_13
     assert "Traceback" not in err
     wait_for(lambda: not session_members(run.pid), timeout=30)  # nothing of the run or its Ray is left
     assert 0 < len(committed_sources(out)) < 3 * len(PHOTOS)
+
+
+def test_a_part_holds_each_instance_of_each_image_as_the_rows_say(tmp_path):
+    """The writer keeps Arrow tables as they come (no Python rows): a part's instances are every image's
+    instances in order, with the image's source and size, and its images table counts them; errors and
+    images delivered twice are left out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sam3_aoti.batch.dataset import Output, read_instances
+    from sam3_aoti.batch.schemas import segmented_schema
+
+    def instance(prompt, query, score):
+        return {"prompt": prompt, "query": query, "score": score, "box_xyxy": [1.0, 2.0, 3.0 + query, 4.0],
+                "mask_area": 10 * query, "mask_counts": f"rle{query}"}
+
+    rows = [{"source": "a.jpg", "width": 4, "height": 3, "error": "", "seconds": 0.5,
+             "instances": [instance("roof", 1, 0.875), instance("tree", 7, 0.625)]},
+            {"source": "b.png", "width": 5, "height": 6, "error": "", "seconds": 0.25, "instances": []},
+            {"source": "c.jpg", "width": 0, "height": 0, "error": "not an image", "seconds": 0.0, "instances": []},
+            {"source": "d.jpg", "width": 8, "height": 9, "error": "", "seconds": 0.125,
+             "instances": [instance("roof", 3, 0.75)]}]
+    out = Output(tmp_path / "out", {"prompts": ["roof", "tree"]}, part_images=100)
+    out.add(pa.Table.from_pylist(rows[:2], schema=segmented_schema()))
+    out.add(pa.Table.from_pylist(rows[1:], schema=segmented_schema()))  # b.png delivered twice
+    out.flush()
+    out.close()
+    expected = [{"source": r["source"], "width": r["width"], "height": r["height"], **inst}
+                for r in rows if not r["error"] for inst in r["instances"]]
+    assert read_instances(tmp_path / "out").to_pylist() == expected
+    [images] = (tmp_path / "out" / "images").glob("*.parquet")
+    assert pq.read_table(images).to_pylist() == [
+        {"source": r["source"], "width": r["width"], "height": r["height"], "instances": len(r["instances"]),
+         "seconds": r["seconds"]} for r in rows if not r["error"]]
+    assert out.failed == 1 and out.written == 3

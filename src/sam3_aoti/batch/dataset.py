@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, Sam3AotiError, first_line
-from .schemas import errors_schema, images_schema, instances_schema
+from .schemas import INSTANCE_COLUMNS, errors_schema, images_schema, instances_schema, segmented_schema
 
 def new_run_id() -> str:
     """A run's name: when it began, and a random tail for two runs begun in one second."""
@@ -38,7 +38,8 @@ class Output:
         self.run = run or new_run_id()
         self.part_images = part_images
         self.seq = 0
-        self.pending = []  # rows of segmented images not yet in a part
+        self.pending: list = []  # Arrow tables of segmented images not yet in a part
+        self.pending_images = 0
         self.errors = []
         self.failed_sources = set()
         self.written = 0
@@ -142,41 +143,52 @@ class Output:
 
     def add(self, table) -> None:
         """Results of segmented images (`schemas.segmented_schema`): errors listed, the rest committed a part at a
-        time. An image seen already (committed by an earlier run, or delivered twice) is left out."""
-        for row in table.to_pylist():
-            if row["source"] in self.done or row["source"] in self.failed_sources:
+        time, kept as Arrow (never Python rows). An image seen already (committed by an earlier run, or
+        delivered twice) is left out."""
+        keep = []
+        for i, (source, error) in enumerate(zip(table.column("source").to_pylist(), table.column("error").to_pylist())):
+            if source in self.done or source in self.failed_sources:
                 continue
-            if row["error"]:
-                self.failed_sources.add(row["source"])
+            if error:
+                self.failed_sources.add(source)
                 self.failed += 1
-                if row["source"] not in self.listed_errors:  # an earlier run listed it: once is enough
-                    self.errors.append({"source": row["source"], "error": row["error"]})
+                if source not in self.listed_errors:  # an earlier run listed it: once is enough
+                    self.errors.append({"source": source, "error": error})
                 continue
-            self.done.add(row["source"])
-            self.pending.append(row)
-        if len(self.pending) >= self.part_images:
+            self.done.add(source)
+            keep.append(i)
+        if keep:
+            self.pending.append(table.take(keep).cast(segmented_schema()))
+            self.pending_images += len(keep)
+        if self.pending_images >= self.part_images:
             self.flush()
 
     def flush(self) -> None:
         """The pending images as one committed part, and the errors seen since the last part."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         name = f"part-{self.run}-{self.seq:05d}.parquet"
         if self.pending:
-            rows = [{"source": r["source"], "width": r["width"], "height": r["height"], **inst}
-                    for r in self.pending for inst in r["instances"]]
-            self._write(pa.Table.from_pylist(rows, schema=instances_schema()), "instances", name)
-            images = [{"source": r["source"], "width": r["width"], "height": r["height"],
-                       "instances": len(r["instances"]), "seconds": r["seconds"]} for r in self.pending]
-            self._write(pa.Table.from_pylist(images, schema=images_schema()), "images", name)  # the commit
-            self.written += len(self.pending)
-            if self.listed_errors & {r["source"] for r in self.pending}:  # failed before, segmented now
+            images = pa.concat_tables(self.pending).combine_chunks()
+            found = images.column("instances").chunk(0) if images.num_rows else pa.array([], images.schema.field("instances").type)
+            per_image = images.select(["source", "width", "height"]).take(pc.list_parent_indices(found))
+            instances = pc.list_flatten(found)
+            columns = [per_image.column(n) for n in ("source", "width", "height")]
+            columns += [pc.struct_field(instances, n) for n in INSTANCE_COLUMNS[3:]]
+            self._write(pa.Table.from_arrays(columns, schema=instances_schema()), "instances", name)
+            counts = pc.cast(pc.list_value_length(found), pa.int32())
+            table = pa.Table.from_arrays([images.column("source"), images.column("width"), images.column("height"),
+                                          counts, images.column("seconds")], schema=images_schema())
+            self._write(table, "images", name)  # the commit
+            self.written += images.num_rows
+            if self.listed_errors & set(images.column("source").to_pylist()):  # failed before, segmented now
                 self.listed_errors = self._prune_errors(self.done)
         if self.errors:
             self._write(pa.Table.from_pylist(self.errors, schema=errors_schema()), "errors", name)
         if self.pending or self.errors:
             self.seq += 1
-        self.pending, self.errors = [], []
+        self.pending, self.pending_images, self.errors = [], 0, []
 
     def _write(self, table, folder: str, name: str) -> None:
         import pyarrow.parquet as pq

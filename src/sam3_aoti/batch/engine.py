@@ -233,7 +233,7 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
             out.add(table)
             if time.perf_counter() - last > 10:
                 last = time.perf_counter()
-                done = out.written + len(out.pending)
+                done = out.written + out.pending_images
                 say(f"{done} of {len(todo)} images ({done / max(last - t0, 1e-9):.1f}/s), "
                     f"{out.failed} unreadable")
     except KeyboardInterrupt:
