@@ -19,8 +19,8 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins")
 PROMPTS = ("a person", "a cat")
 THRESHOLD = "0.2"
 SRC = str(Path(__file__).parent.parent / "src")
-# One worker runs them all, one after the other: each starts a local Ray, and the kill tests find actors by name.
-pytestmark = pytest.mark.xdist_group("ray")
+# Each run starts a local Ray of its own, in the driver's session: two tests' runs side by side (one per xdist
+# worker) never touch each other's processes (`session_members`).
 
 
 def write_photos(folder: Path, copies: int = 1) -> list[Path]:
@@ -229,16 +229,17 @@ def parts(output: Path) -> list[Path]:
     return list((output / "images").glob("part-*.parquet")) if (output / "images").is_dir() else []
 
 
-def segmenter_pids() -> list[int]:
-    """The processes of Ray actors running `Segmenter` (Ray names each actor's process after its class)."""
+def segmenter_pids(sid: int) -> list[int]:
+    """The processes of the Ray actors running `Segmenter` (Ray names each actor's process after its class) in
+    the session `sid` (a driver started with start_new_session and the local Ray it started): another test's
+    run beside this one is not touched."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if b"Segmenter" in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                pass
+    for pid in session_members(sid):
+        try:
+            if b"Segmenter" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
     return found
 
 
@@ -281,7 +282,7 @@ def test_an_interrupted_run_resumes_and_writes_each_image_once(package_path, tmp
 def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(package_path, tmp_path):
     run, out, _ = run_until_a_part(package_path, tmp_path, copies=4)
     photos = tmp_path / "photos"
-    pids = segmenter_pids()
+    pids = segmenter_pids(run.pid)
     assert pids and run.poll() is None, "no Segmenter actor to kill"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
