@@ -1,4 +1,5 @@
-"""Reading a PT2 archive without torch: its entries, its extra files, the fallback beside it."""
+"""Reading a PT2 archive without torch: its entries by name, bounded reads, the metadata's field types, the fallback
+beside it. One package's reads go through `reader.PackageFile`."""
 
 from __future__ import annotations
 

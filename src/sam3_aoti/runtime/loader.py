@@ -8,7 +8,6 @@ fails with one line before native code runs.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass, field
