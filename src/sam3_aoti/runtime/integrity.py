@@ -114,7 +114,7 @@ def check_entries(package: Path | PackageFile) -> None:
         with PackageFile(package) as opened:
             return check_entries(opened)
     package_path = package.path
-    infos = package._once("infolist", lambda: package.zip.infolist())
+    infos = package.infolist
     roots, seen = set(), set()
     for info in infos:
         name = info.filename

@@ -84,6 +84,11 @@ class PackageFile:
         return self._once("zip", lambda: zipfile.ZipFile(self.file))
 
     @property
+    def infolist(self) -> list[zipfile.ZipInfo]:
+        """Every entry as the zip directory lists it (names twice included), for the entry-name check."""
+        return self._once("infolist", lambda: self.zip.infolist())
+
+    @property
     def entries(self) -> dict[str, zipfile.ZipInfo]:
         """Each entry by its name inside the archive's root folder."""
         return self._once("entries", lambda: {inner: self.zip.getinfo(name)
