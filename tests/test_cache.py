@@ -302,7 +302,7 @@ def test_pull_takes_only_a_verified_ref_a_trusted_key_signed(cache_url, tmp_path
     ("x..y", "dest", "no slash, space or `..`"),
     ("has space", "dest", "ref 'has space'"),
     ("r" * 300, "dest", "(300 characters)"),
-])
+], ids=lambda value: value[:20])
 def test_pull_refuses_a_bad_destination_or_ref_name_before_reading_the_cache(tmp_path, ref, dest, words):
     """Exit 2, one line, before the cache is opened (this one does not exist), and a user's files stay."""
     (tmp_path / "a-file").write_text("mine")

@@ -142,7 +142,7 @@ def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(pa
     (b'{"device": 3}', "field `device` is a number, not a string"),
     (b"[" * 100_000 + b"]" * 100_000, "its metadata.json is not JSON"),
     (b" " * (64 << 20) + b"{}", "metadata.json inflates past 4 MiB"),
-])
+], ids=lambda value: value if isinstance(value, str) else f"{len(value)} bytes")  # not 64 MiB in the id
 def test_info_reads_nothing_unbounded_and_names_a_bad_metadata_field(tmp_path, metadata, words):
     """`info` reads an archive before any digest check: every entry within a limit (a 64 MiB metadata.json
     deflates to a few kB), metadata.json checked for shape and types, one line naming the field."""

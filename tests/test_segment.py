@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,9 +53,21 @@ def write_bad_files(folder: Path) -> dict[str, str]:
     return {"notes.jpg": "cannot read", "cut.jpg": "truncated", "dot.png": "at least 2 x 2 pixels"}
 
 
-def segment(*args: str, env: dict | None = None, check: bool = True, **popen) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "segment", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": SRC, **(env or {})}, timeout=900)
+def uv() -> str | None:
+    """The uv binary that runs this test run, if any (uv tells its children: $UV), else one on the PATH."""
+    return os.environ.get("UV") or shutil.which("uv")
+
+
+def segment(*args: str, env: dict | None = None, check: bool = True, ray_tmp: Path | None = None,
+            via_uv: bool = False) -> subprocess.CompletedProcess:
+    """`sam3-aoti segment ARGS`; `via_uv`: as the README runs it, under `uv run` (where uv is here); `ray_tmp`:
+    the folder its Ray keeps its sessions in (short: Ray's sockets live there)."""
+    command = [sys.executable, "-m", "sam3_aoti", "segment", *args]
+    if via_uv and uv():
+        command = [uv(), "run", *command]
+    extra = {"RAY_TMPDIR": str(ray_tmp)} if ray_tmp else {}
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=Path(SRC).parent,
+                          env={**os.environ, "PYTHONPATH": SRC, **extra, **(env or {})}, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -125,9 +138,14 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     (photos / "sub").mkdir()
     (photos / "sub" / b"caf\xe9.png".decode("utf-8", "surrogateescape")).write_bytes((photos / "dot.png").read_bytes())
     bad.update({"gone.jpg": "a link to nothing", "caf\\xe9.png": "its name is not valid UTF-8"})
-    out = tmp_path / "out"
+    out, ray_tmp = tmp_path / "out", Path(tempfile.mkdtemp(prefix="ray-"))
     proc = segment(str(photos), "--package", str(package_path), *prompt_args(), "--output", str(out),
-                   "--batch-size", "4")
+                   "--batch-size", "4", via_uv=True, ray_tmp=ray_tmp)
+    # Under `uv run`, Ray's own hook would zip the checkout and have each worker sync a venv of its own from it
+    sessions = list(ray_tmp.glob("ray/session_2*"))
+    uploaded = [p for s in sessions for p in s.glob("runtime_resources/working_dir_files/*")]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert sessions and uploaded == [], uploaded
     summary = summary_of(proc.stdout)
     assert summary["segmented"] == len(PHOTOS) and summary["failed"] == len(bad), summary
     found = by_image(rows(out))

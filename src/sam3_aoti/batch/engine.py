@@ -11,6 +11,7 @@ shared folder), credentials for a bucket included (AWS_* in the workers' environ
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -90,6 +91,11 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
 
     from ..runtime.inference import check_request
 
+    if ray_address is None:  # before Ray is imported (it reads the switch once), for the Ray this run starts
+        # Under `uv run`, Ray would zip the working directory and start every worker with `uv run` in the copy: a
+        # venv of its own (6 GB, ~15 s of CPU a worker), or with --no-sync no Ray at all and a run that hangs. The
+        # workers of a Ray on this machine run this interpreter as it is.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
     check_request(prompts, boxes, threshold, boxes_on)  # one line now, not a trace from every actor
@@ -206,23 +212,10 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
-    resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
-    if device == "cuda" and not gpus:
-        raise ConfigError("the package is for cuda and the Ray cluster has no GPU: run where GPUs are, or segment "
-                          "with a device=cpu package")
-    actors = actors or (gpus if device == "cuda" else 1)
-    say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s), {int(resources.get('CPU', 0))} "
-        f"CPUs for decoding, batches of {batch_size}")
     images = ray.data.from_items([{"source": s} for s in todo],
                                  override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
     decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
-    # On a GPU, batches queue at each actor and the next one is batched while the model runs (Ray's pattern for
-    # batch inference; the model itself runs one batch at a time).
-    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
-        if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
-    found = decoded.map_batches(Segmenter, fn_constructor_kwargs=segmenter, batch_size=batch_size,
-                                batch_format="numpy", compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
+    found, actors = on_model_actors(ray, decoded, Segmenter, segmenter, device, actors, batch_size)
     t0, last, first, after_first = time.perf_counter(), 0.0, None, 0
     try:
         for table in found.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -244,3 +237,25 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
         raise worker_error(e) from None
     out.flush()
     return {"actors": actors, "first_at": first, "after_first": after_first}
+
+
+def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors: int | None, batch_size: int):
+    """`decoded` through `model(**kwargs)` in a pool of actors: for a CUDA package one per GPU of the cluster unless
+    `actors` says otherwise, each holding one GPU (Ray gives each its own in CUDA_VISIBLE_DEVICES, so the package's
+    "cuda" is that GPU and no GPU holds two copies); for a CPU package, CPU actors (default one). Returns the
+    dataset and the actor count."""
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if device == "cuda" and not gpus:
+        raise ConfigError("the package is for cuda and the Ray cluster has no GPU: run where GPUs are, or segment "
+                          "with a device=cpu package")
+    actors = actors or (gpus if device == "cuda" else 1)
+    say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s), {int(resources.get('CPU', 0))} "
+        f"CPUs for decoding, batches of {batch_size}")
+    # On a GPU, batches queue at each actor and the next one is batched while the model runs (Ray's pattern for
+    # batch inference; the model itself runs one batch at a time).
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
+        if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
+    found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="numpy",
+                                compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
+    return found, actors

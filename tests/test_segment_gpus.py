@@ -1,0 +1,69 @@
+"""`segment` on a machine of several GPUs, as far as a CPU can show it: a local Ray that believes it has GPUs
+(`num_gpus=N`) gets one model actor per GPU from the engine's own pool (`engine.on_model_actors`), and each actor
+holds a GPU of its own, so a CUDA package would load once per GPU. Nothing here needs a model: the actors report
+where Ray placed them."""
+
+import os
+import sys
+
+import pytest
+
+
+class WhereAmI:
+    """A stand-in for `worker.Segmenter`: one row per image, naming the actor's process and the GPUs Ray gave it."""
+
+    def __init__(self, pause: float):
+        import ray
+
+        self.pause, self.gpus = pause, [str(g) for g in ray.get_gpu_ids()]
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    def __call__(self, batch: dict) -> dict:
+        import time
+
+        time.sleep(self.pause)  # long enough that the pool hands every actor batches
+        n = len(batch["source"])
+        return {"source": batch["source"], "pid": [os.getpid()] * n, "gpus": [",".join(self.gpus)] * n,
+                "visible": [self.visible] * n}
+
+
+@pytest.mark.slow  # a local Ray
+def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch, gpus=2):
+    import shutil
+    import tempfile
+
+    import ray
+
+    from sam3_aoti.batch.engine import on_model_actors
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's sockets live there
+    # as the engine does for a Ray it starts (Ray read the switch when it was imported)
+    monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
+    ray.init(num_cpus=gpus + 1, num_gpus=gpus, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * gpus)])
+        found, actors = on_model_actors(ray, decoded, WhereAmI, {"pause": 0.3}, "cuda", None, 2)
+        rows = found.take_all()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert actors == gpus and sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * gpus))
+    placed = {r["pid"]: (r["gpus"], r["visible"]) for r in rows}
+    assert len(placed) == gpus, placed  # every actor of the pool did work
+    assert sorted(g for g, _ in placed.values()) == [str(i) for i in range(gpus)], placed  # a GPU each, none twice
+    assert all(g == visible for g, visible in placed.values()), placed  # what torch's "cuda" would be
+
+
+def test_a_cuda_package_on_a_ray_without_gpus_is_one_line(monkeypatch):
+    from sam3_aoti.batch.engine import on_model_actors
+    from sam3_aoti.errors import ConfigError
+
+    class NoGpuRay:
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": 4.0}
+
+    with pytest.raises(ConfigError, match="has no GPU"):
+        on_model_actors(NoGpuRay, None, WhereAmI, {}, "cuda", None, 2)
