@@ -42,7 +42,10 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch, 
     monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
     ray.init(num_cpus=gpus + 1, num_gpus=gpus, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     try:
-        ray.data.DataContext.get_current().enable_progress_bars = False
+        context = ray.data.DataContext.get_current()
+        monkeypatch.setattr(context, "enable_progress_bars", False)
+        # every actor up before the first batch: each gets work, however busy the machine
+        monkeypatch.setattr(context, "wait_for_min_actors_s", 300)
         decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * gpus)])
         found, actors = on_model_actors(ray, decoded, WhereAmI, {"pause": 0.3}, "cuda", None, 2)
         rows = found.take_all()
@@ -56,7 +59,7 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch, 
     assert all(g == visible for g, visible in placed.values()), placed  # what torch's "cuda" would be
 
 
-def test_a_cuda_package_on_a_ray_without_gpus_is_one_line(monkeypatch):
+def test_a_cuda_package_on_a_ray_without_gpus_is_one_line():
     from sam3_aoti.batch.engine import on_model_actors
     from sam3_aoti.errors import ConfigError
 
