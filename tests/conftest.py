@@ -86,21 +86,16 @@ class BuildsFirst:
     @pytest.hookimpl(trylast=True)  # after `-m` deselected what will not run
     def pytest_collection_modifyitems(self, config, items):
         """The builds the selected tests need start now, in the background (one process of a run builds each),
-        and the modules that need none run first, while they build (a module's tests stay together: its fixtures
-        are set up once)."""
+        and the modules that need none run first, while they build."""
         wanted = set().union(*(getattr(item, "fixturenames", ()) for item in items
                                if not item.get_closest_marker("skip")))
         if "second_clean_build" in wanted:
             start_build(second_build(config), "package", "device=cpu")
         if "built_repo" in wanted and not os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):
             start_build(the_build(), "device=cpu")
-        def uses(*fixtures):
-            return {item.path for item in items if set(fixtures) & set(getattr(item, "fixturenames", ()))}
-
-        needs_build, rebuilds = uses("built_repo", "second_clean_build"), uses("own_build")
-        # then the modules whose tests rebuild stages of a copy (the longest, minutes each) before the rest: the last
-        # tests of the run are then short ones, and no worker waits out a long one alone at the end
-        items.sort(key=lambda item: (item.path in needs_build, item.path not in rebuilds))
+        needs_build = {item.path for item in items
+                       if {"built_repo", "second_clean_build"} & set(getattr(item, "fixturenames", ()))}
+        items.sort(key=lambda item: item.path in needs_build)
 
 
 @pytest.fixture(scope="session")
