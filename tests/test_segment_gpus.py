@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+GPUS = 2  # the fake GPUs of the test's Ray
+
 
 class WhereAmI:
     """A stand-in for `worker.Segmenter`: one row per image, naming the actor's process and the GPUs Ray gave it."""
@@ -28,7 +30,7 @@ class WhereAmI:
 
 
 @pytest.mark.slow  # a local Ray
-def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch, gpus=2):
+def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch):
     import shutil
     import tempfile
 
@@ -40,22 +42,22 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch, 
     ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's sockets live there
     # as the engine does for a Ray it starts (Ray read the switch when it was imported)
     monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
-    ray.init(num_cpus=gpus + 1, num_gpus=gpus, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
+    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     try:
         context = ray.data.DataContext.get_current()
         monkeypatch.setattr(context, "enable_progress_bars", False)
         # every actor up before the first batch: each gets work, however busy the machine
         monkeypatch.setattr(context, "wait_for_min_actors_s", 300)
-        decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * gpus)])
+        decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * GPUS)])
         found, actors = on_model_actors(ray, decoded, WhereAmI, {"pause": 0.3}, "cuda", None, 2)
         rows = found.take_all()
     finally:
         ray.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert actors == gpus and sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * gpus))
+    assert actors == GPUS and sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * GPUS))
     placed = {r["pid"]: (r["gpus"], r["visible"]) for r in rows}
-    assert len(placed) == gpus, placed  # every actor of the pool did work
-    assert sorted(g for g, _ in placed.values()) == [str(i) for i in range(gpus)], placed  # a GPU each, none twice
+    assert len(placed) == GPUS, placed  # every actor of the pool did work
+    assert sorted(g for g, _ in placed.values()) == [str(i) for i in range(GPUS)], placed  # a GPU each, none twice
     assert all(g == visible for g, visible in placed.values()), placed  # what torch's "cuda" would be
 
 
