@@ -19,9 +19,9 @@ keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends"
         "toolchain")
 json.dump({k: index.get(k) for k in keep}, open(sys.argv[2], "w"), indent=2, sort_keys=True)' "$1" "$2"
 }
-for part in bf16 fp32 parity fast tuned fp8 o0 loader split; do  # gpu_full.sh's parts that build a full variant (all but fp32 and fp8: bf16)
+for part in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  # gpu_full.sh's parts that build a full variant (all but fp32 and fp8: bf16)
     precision=$part
-    [[ $part == parity || $part == fast || $part == tuned || $part == o0 || $part == loader || $part == split ]] && precision=bf16
+    [[ $part != fp32 && $part != fp8 ]] && precision=bf16
     variant=$part/sam3-$precision-cuda
     copy "$variant/verify/report.md" "verify-$part.md"
     copy "$variant/verify/report.json" "verify-$part.json"
@@ -36,7 +36,12 @@ for part in bf16 fp32 parity fast tuned fp8 o0 loader split; do  # gpu_full.sh's
     copy "$part/toolkit.txt" "toolkit-$part.txt"
     copy "$part/info.txt" "info-$part.txt"
     copy "logs/$part-tune.log" "tune-$part.log"
+    copy "$variant/throughput/throughput.md" "throughput-$part.md"
+    copy "$variant/throughput/throughput.json" "throughput-$part.json"
+    copy "$variant/logs/throughput.log" "throughput-$part.log"
 done
+copy logs/segment-bench.log segment-bench.log
+copy logs/segment-throughput.log segment-throughput.log
 copy tiny/toolchain/doctor.json doctor-tiny.json
 copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt

@@ -47,7 +47,8 @@
 #   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
 #          every loader's load time (the service's start), then `doit throughput`: `sam3-aoti segment` on Ray Data
 #          over [throughput] images JPEG photographs against that bench's 16 x 1 images/s, the GPU's busy share
-#          sampled. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          sampled. With fresh named too, it builds nothing: bench and throughput run on fresh's package once
+#          the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
@@ -161,7 +162,8 @@ after() {  # after PART PRECISION STAGE...: alone on the machine, each stage on 
     for stage in "$@"; do build "$part-$stage" "$stage" $SAM3 precision="$precision" config=$config; done
 }
 
-segment_part() {
+segment_part() {  # with fresh named too, no build of its own: it times fresh's package once that is built
+    [[ $parts == *" fresh "* ]] && return 0
     cd "$WORK/segment" && configure columns '["aoti_graphs"]' model_parts '"off"' enabled false
     toolkit_for segment $SAM3 precision=bf16
     build segment-build weights export compile package verify $SAM3 precision=bf16
@@ -352,7 +354,12 @@ run_all() {
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
-    [[ $parts == *" segment "* ]] && (cd "$WORK/segment" && build segment-bench bench $SAM3 precision=bf16 &&
+    local segment=segment
+    if [[ $parts == *" fresh "* ]]; then
+        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' model_parts '"off"' &&
+            echo toolkit=machine > toolkit.txt)
+    fi
+    [[ $parts == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
