@@ -10,7 +10,8 @@ from torch import nn
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.errors import ConfigError
 from sam3_aoti.runtime.contract import FP8_PARTS
-from sam3_aoti.model.fp8 import E4M3, Fp8Linear, check_fp8_device, quantize_linears, quantize_rows
+from sam3_aoti.model.fp8 import (E4M3, Fp8GroupLinear, Fp8Linear, check_fp8_device, quantize_blocks, quantize_groups,
+                                  quantize_linears, quantize_rows)
 from sam3_aoti.model.configs import example_inputs, random_model, tiny_config
 from sam3_aoti.model.grounding import Sam3Grounding
 
@@ -41,6 +42,45 @@ def test_fp8_linear_is_the_linear_to_fp8_precision():
     assert 1e-3 < rel < 0.08, rel  # quantized (not the bf16 product), and only to fp8's precision
 
 
+def test_groups_and_blocks_quantize_with_one_scale_each():
+    x = torch.randn(6, 384) * torch.logspace(-3, 3, 3).repeat_interleave(128)  # groups six decades apart
+    x[2, 128:256] = 0
+    q, scale = quantize_groups(x)
+    assert q.dtype == E4M3 and scale.shape == (6, 3) and scale.stride() == (1, 6)  # M-major, as the kernel reads
+    back = q.float().reshape(6, 3, 128) * scale[..., None]
+    assert torch.allclose(back.abs().amax(-1), x.reshape(6, 3, 128).abs().amax(-1), rtol=1e-6)  # group max exact
+    assert (q[2, 128:256].float() == 0).all() and torch.isfinite(scale).all()
+    assert ((back.reshape(6, 384) - x).abs() <= x.abs() / 16 + scale.repeat_interleave(128, 1) * 2.0**-9).all()
+    w = torch.randn(256, 384) * torch.logspace(-2, 2, 2).repeat_interleave(128)[:, None]
+    wq, wscale = quantize_blocks(w)
+    assert wscale.shape == (2, 3)
+    blocks = (wq.float().reshape(2, 128, 3, 128) * wscale[:, None, :, None]).reshape(256, 384)
+    assert ((blocks - w).abs() <= w.abs() / 16 + wscale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+            * 2.0**-9).all()
+
+
+def test_a_group_linear_is_the_linear_to_fp8_precision_with_padded_block_scales():
+    torch.manual_seed(0)
+    linear = nn.Linear(640, 256)  # 5 blocks of K: the scales are padded to 8 columns, as torch's kernel asks
+    fp8 = Fp8GroupLinear(linear)
+    assert fp8.weight.dtype == E4M3 and fp8.weight_scale.shape == (2, 8) and (fp8.weight_scale[:, 5:] == 1).all()
+    x = torch.randn(3, 7, 640, dtype=torch.bfloat16)
+    got, want = fp8(x), linear(x.float())
+    assert got.shape == (3, 7, 256) and got.dtype == torch.bfloat16
+    rel = (got.float() - want).norm() / want.norm()
+    assert 1e-3 < rel < 0.08, rel
+
+
+def test_the_mlps_second_linear_gets_groups_where_128_divides_it():
+    part = nn.Module()
+    part.fc1, part.fc2, part.proj = nn.Linear(128, 256), nn.Linear(256, 128), nn.Linear(128, 128)
+    part.small = nn.Module()
+    part.small.fc2 = nn.Linear(64, 32)  # an fc2 that 128 does not divide: rows
+    assert quantize_linears(part) == 4
+    assert isinstance(part.fc2, Fp8GroupLinear)
+    assert all(isinstance(m, Fp8Linear) for m in (part.fc1, part.proj, part.small.fc2))
+
+
 def test_only_aligned_linears_are_swapped():
     part = nn.Sequential(nn.Linear(64, 32), nn.Sequential(nn.Linear(32, 48)), nn.Linear(48, 10), nn.ReLU())
     assert quantize_linears(part) == 2
@@ -52,7 +92,7 @@ def test_an_fp8_wrapper_quantizes_the_vit_linears_only_and_stays_near_bf16():
     model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
     bf16 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16).eval()
     fp8 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS).eval()
-    swapped = [name for name, m in fp8.named_modules() if isinstance(m, Fp8Linear)]
+    swapped = [name for name, m in fp8.named_modules() if isinstance(m, (Fp8Linear, Fp8GroupLinear))]
     layers = model.config.vision_config.backbone_config.num_hidden_layers
     assert len(swapped) == 6 * layers  # q, k, v, o, fc1, fc2 of each ViT layer
     assert all(name.startswith("model.vision_encoder.backbone.layers.") for name in swapped)
@@ -82,6 +122,19 @@ def test_scaled_mm_is_the_emulated_product_on_the_gpu():
     emulated = copy.deepcopy(fp8).cpu()(x.cpu())
     assert got.dtype == torch.bfloat16
     assert (got.cpu().float() - emulated.float()).abs().max() <= 2e-2 * emulated.float().abs().max()
+
+
+@pytest.mark.gpu
+def test_the_blockwise_scaled_mm_is_the_emulated_product_on_the_gpu():
+    if check_fp8_device(torch.device("cuda")):
+        pytest.skip(check_fp8_device(torch.device("cuda")))
+    torch.manual_seed(0)
+    fp8 = Fp8GroupLinear(nn.Linear(4736, 1024)).cuda()  # the ViT's fc2: 37 blocks of K, padded to 40
+    for tokens in (5184, 3 * 5184):  # one image's tokens (not a multiple of 128) and three
+        x = torch.randn(tokens, 4736, device="cuda", dtype=torch.bfloat16)
+        got = fp8(x)
+        emulated = copy.deepcopy(fp8).cpu()(x.cpu())
+        assert (got.cpu().float() - emulated.float()).abs().max() <= 2e-2 * emulated.float().abs().max()
 
 
 # The limits the committed H200 fp8 run was gated with (provisional, before it measured): the max|diff| limits in

@@ -1,9 +1,13 @@
-"""precision=fp8: the ViT's linear layers as rowwise-scaled fp8 GEMMs (Hopper's `torch._scaled_mm`).
+"""precision=fp8: the ViT's linear layers as scaled fp8 GEMMs (Hopper's `torch._scaled_mm` and `F.scaled_mm`).
 
-Each weight is quantized once, per output channel, when the model is built for export; each activation per
-row (token) at run time, in the graph, where Inductor fuses the row max and the cast into the kernel that
-produces the activation (a LayerNorm, GELU or attention output). The product runs in e4m3 with fp32 scales
-and returns bf16; the bias is added after it, in the consumer's kernel. Only the ViT (most of the GEMM time,
+Each weight is quantized once when the model is built for export, each activation at run time, in the graph,
+where Inductor fuses the max and the cast into the kernel that produces the activation (a LayerNorm, GELU or
+attention output). The product runs in e4m3 with fp32 scales and returns bf16; the bias is added after it, in
+the consumer's kernel. Most linears are row-wise: one scale per token, one per output channel. The MLP's fc2
+reads GELU's 4736-wide output, whose row max Inductor computes in a looped reduction slower than the GEMM it
+saves; there the activation has one scale per 1 x 128 group (a max within one tile) and the weight one per
+128 x 128 block (`Fp8GroupLinear`; on the H200 one MLP at 16 images went 3.06 ms in bf16, 3.64 with rows, 2.52
+with groups: benchmarks/h200-2026-12-05-vit-mlp-fp8/). Only the ViT (most of the GEMM time,
 `experiments/speed_levers.py`) is rewritten; the rest of the model stays a bf16 build.
 
 Written here rather than taken from torchao: its float8 path is not tested with torch.export + AOTInductor,
@@ -18,6 +22,8 @@ from torch import nn
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 MIN_SCALE_AMAX = 1e-12  # an all-zero row gets a finite scale (its values quantize to 0 all the same)
+GROUP = 128  # the side of a scale's group (activations: 1 x GROUP) and block (weights: GROUP x GROUP)
+GROUPED = ("fc2",)  # the linears whose input is quantized in groups: the MLP's, after GELU
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper have fp8 tensor cores; _scaled_mm refuses older GPUs
 
 
@@ -26,6 +32,25 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=MIN_SCALE_AMAX)
     scale = amax / E4M3_MAX
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [M, K]` -> (e4m3 values, fp32 scales `[M, K / 128]`, one per 1 x 128 group, laid out M-major as the
+    blockwise GEMM reads them)."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // GROUP, GROUP)
+    scale = groups.abs().amax(-1, keepdim=True).clamp(min=MIN_SCALE_AMAX) / E4M3_MAX
+    values = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(m, k)
+    return values, scale.reshape(m, k // GROUP).t().contiguous().t()
+
+
+def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight `[N, K]` -> (e4m3 values, fp32 scales `[N / 128, K / 128]`, one per 128 x 128 block)."""
+    n, k = w.shape
+    blocks = w.float().reshape(n // GROUP, GROUP, k // GROUP, GROUP)
+    scale = blocks.abs().amax((1, 3), keepdim=True).clamp(min=MIN_SCALE_AMAX) / E4M3_MAX
+    values = (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(n, k)
+    return values, scale.reshape(n // GROUP, k // GROUP)
 
 
 class Fp8Linear(nn.Module):
@@ -56,13 +81,52 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 rowwise"
 
 
+class Fp8GroupLinear(nn.Module):
+    """An `nn.Linear` whose product is blockwise-scaled fp8: the weight in e4m3 with one fp32 scale per 128 x 128
+    block, the input quantized in 1 x 128 groups in the forward (`quantize_groups`). Both sizes are multiples
+    of 128."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight, scale = quantize_blocks(linear.weight.detach())
+        self.register_buffer("weight", weight)
+        # [N/128, K/128 padded to a multiple of 4]: its .t() is the K-major layout torch's kernel takes
+        self.register_buffer("weight_scale", nn.functional.pad(scale, (0, -scale.shape[1] % 4), value=1.0))
+        bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        groups, scale = quantize_groups(x.reshape(-1, self.in_features))
+        blocks = self.in_features // GROUP
+        if groups.is_cuda:
+            out = nn.functional.scaled_mm(groups, self.weight.t(), scale, nn.functional.ScalingType.BlockWise1x128,
+                                          self.weight_scale.t(), nn.functional.ScalingType.BlockWise128x128,
+                                          output_dtype=torch.bfloat16)
+        else:  # the same arithmetic where no blockwise kernel runs (CPU: the tests)
+            rows = (groups.float().reshape(-1, blocks, GROUP) * scale[..., None]).reshape(groups.shape)
+            weight = self.weight.float().reshape(-1, GROUP, blocks, GROUP) \
+                * self.weight_scale[:, None, :blocks, None]
+            out = (rows @ weight.reshape(self.out_features, self.in_features).t()).to(torch.bfloat16)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 1x128 groups"
+
+
 def quantize_linears(part: nn.Module) -> int:
-    """Swap every `nn.Linear` inside `part` for an `Fp8Linear` (in place); returns how many. Layers whose
-    sizes are not multiples of 16 (the fp8 GEMM's alignment) stay as they are."""
+    """Swap every `nn.Linear` inside `part` for an `Fp8Linear`, or an `Fp8GroupLinear` where it is one of
+    `GROUPED` and both its sizes are multiples of 128 (in place); returns how many. Layers whose sizes are not
+    multiples of 16 (the fp8 GEMM's alignment) stay as they are."""
     swapped = 0
     for name, child in list(part.named_children()):
         if isinstance(child, nn.Linear):
-            if child.in_features % 16 == 0 and child.out_features % 16 == 0:
+            if name in GROUPED and child.in_features % GROUP == 0 and child.out_features % GROUP == 0:
+                setattr(part, name, Fp8GroupLinear(child))
+                swapped += 1
+            elif child.in_features % 16 == 0 and child.out_features % 16 == 0:
                 setattr(part, name, Fp8Linear(child))
                 swapped += 1
         else:

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Issue #50's first lever on one ViT MLP of SAM3 at 16 images (82,944 tokens of width 1024, hidden 4736):
+`x + fc2(gelu(fc1(layernorm(x))))` compiled by Inductor as
+  - bf16: today's build;
+  - fp8 rows: both linears as row-wise e4m3 GEMMs (`sam3_aoti.model.fp8`, today's precision=fp8), where GELU's
+    output needs a max over its whole 4736-wide row before it can be quantized;
+  - fp8 groups: fc1 as above, fc2's input quantized in 1 x 128 groups (4736 = 37 x 128: the max is over 128
+    values, within one tile of the GELU's kernel) against 128 x 128 weight blocks (`Fp8GroupLinear`:
+    `F.scaled_mm`, BlockWise1x128 x BlockWise128x128, Hopper's DeepSeek-style kernel).
+Each: median ms of 20 calls (CUDA events) after warm-up, its costliest kernels (torch.profiler), and its error
+against the fp32 MLP. The GELU-and-quantize step alone too, rows against groups, beside the bytes it must move.
+Usage: python3 experiments/vit_mlp_fp8.py --out DIR        (on a Hopper GPU; writes DIR/vit-mlp-fp8.{json,md})
+       python3 experiments/vit_mlp_fp8.py --cpu --out DIR  (the arithmetic checked on small shapes, no timing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from sam3_aoti.model.fp8 import Fp8GroupLinear, Fp8Linear, quantize_groups, quantize_rows  # noqa: E402
+
+WIDTH, HIDDEN, TOKENS_PER_IMAGE = 1024, 4736, 72 * 72
+
+
+class Mlp(nn.Module):
+    """The ViT's MLP half of a block, residual included."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH, dtype=dtype)
+        self.fc1, self.fc2 = nn.Linear(WIDTH, HIDDEN, dtype=dtype), nn.Linear(HIDDEN, WIDTH, dtype=dtype)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class Fp8RowsMlp(nn.Module):
+    def __init__(self, mlp: Mlp):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = mlp.norm, Fp8Linear(mlp.fc1), Fp8Linear(mlp.fc2)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class Fp8GroupsMlp(nn.Module):
+    def __init__(self, mlp: Mlp):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = mlp.norm, Fp8Linear(mlp.fc1), Fp8GroupLinear(mlp.fc2)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def error(out, reference) -> dict:
+    diff = (out.float() - reference).flatten()
+    return {"max_abs": diff.abs().max().item(),
+            "relative_l2": (diff.norm() / reference.flatten().norm()).item()}
+
+
+def timed(fn, x, iters=20, warmup=5) -> float:
+    from sam3_aoti.measure.timing import time_calls
+
+    return statistics.median(time_calls(fn, (x,), "cuda", warmup, iters))
+
+
+def top_kernels(fn, x, count=8) -> list[dict]:
+    """The costliest kernels of one call (ms each, from torch.profiler's CUDA times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(x)
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: -e.device_time_total)
+    return [{"kernel": e.key[:120], "ms": round(e.device_time_total / 1e3, 3), "calls": e.count}
+            for e in events[:count]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--cpu", action="store_true", help="check the arithmetic on small shapes, no timing")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.cpu else "cuda"
+    tokens = 256 if args.cpu else args.images * TOKENS_PER_IMAGE
+    torch.manual_seed(0)
+    reference_mlp = Mlp(torch.float32).to(device)
+    with torch.no_grad():
+        for linear in (reference_mlp.fc1, reference_mlp.fc2):
+            linear.weight.normal_(0, WIDTH ** -0.5)
+            linear.bias.normal_(0, 0.02)
+    x32 = torch.randn(tokens, WIDTH, device=device)
+    with torch.no_grad():
+        reference = reference_mlp(x32)
+    bf16 = Mlp(torch.bfloat16).to(device)
+    bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in reference_mlp.state_dict().items()})
+    x = x32.to(torch.bfloat16)
+    variants = {"bf16": bf16, "fp8 rows": Fp8RowsMlp(bf16)}
+    variants["fp8 groups"] = Fp8GroupsMlp(bf16)
+    flop = 2 * 2 * tokens * WIDTH * HIDDEN
+    results = {"tokens": tokens, "images": args.images, "flop": flop, "device": device,
+               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
+               "variants": {}, "gelu_and_quantize": {}}
+    for name, module in variants.items():
+        row = results["variants"][name] = {}
+        try:
+            with torch.no_grad():
+                fn = module if args.cpu else torch.compile(module)
+                row["error"] = error(fn(x), reference)
+                if not args.cpu:
+                    row["ms"] = round(timed(fn, x), 3)
+                    row["tflop_per_s"] = round(flop / (row["ms"] * 1e-3) / 1e12, 1)
+                    row["kernels"] = top_kernels(fn, x)
+        except Exception as e:  # one layout or kernel refused: the others still run
+            row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            traceback.print_exc()
+        print(name, json.dumps(row)[:400], flush=True)
+    if not args.cpu:  # the step between fc1 and fc2 alone: read bf16 [M, 4736], write e4m3 and the scales
+        hidden = torch.randn(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
+        moved = tokens * HIDDEN * 3
+        for name, quantize in (("rows", quantize_rows), ("1 x 128 groups", quantize_groups)):
+            fn = torch.compile(lambda h, quantize=quantize: quantize(F.gelu(h)))
+            ms = timed(fn, hidden)
+            results["gelu_and_quantize"][name] = {"ms": round(ms, 3), "gb_per_s": round(moved / (ms * 1e-3) / 1e9),
+                                                  "kernels": top_kernels(fn, hidden, 4)}
+            print("gelu + quantize", name, results["gelu_and_quantize"][name], flush=True)
+    (args.out / "vit-mlp-fp8.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [f"# One ViT MLP at {tokens} tokens ({results['gpu'] or 'CPU check'}, torch {torch.__version__})", "",
+             "| variant | ms | TFLOP/s | max abs error | relative L2 error vs fp32 |", "|---|---|---|---|---|"]
+    for name, row in results["variants"].items():
+        err = row.get("error", {})
+        lines.append(f"| {name} | {row.get('ms', row.get('failed', '-'))} | {row.get('tflop_per_s', '-')} | "
+                     f"{err.get('max_abs', float('nan')):.4g} | {err.get('relative_l2', float('nan')):.4g} |")
+    if results["gelu_and_quantize"]:
+        lines += ["", "| GELU + quantize alone | ms | GB/s |", "|---|---|---|"]
+        lines += [f"| {n} | {r['ms']} | {r['gb_per_s']} |" for n, r in results["gelu_and_quantize"].items()]
+    (args.out / "vit-mlp-fp8.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
