@@ -307,6 +307,41 @@ def test_the_probe_runs_once_per_toolchain(tmp_path):
     assert not passed_before(paths, hashlib.sha256(b"another toolchain").hexdigest())
 
 
+def test_a_second_checkout_on_the_machine_takes_the_probes_pass_and_a_new_compiler_probes_again(monkeypatch,
+                                                                                                  tmp_path):
+    """The probe's pass for a toolchain is kept in the user's cache: another checkout with the same cuda.env,
+    torch and compiler reads it instead of probing; another compiler probes."""
+    from types import SimpleNamespace
+
+    from sam3_aoti.pipeline.paths import ToolchainPaths
+    from sam3_aoti.stages import probe
+
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path / "cache"))
+    probed = []
+
+    def fake_probe(device, env):
+        probed.append(env.get("CXX"))
+        return {"ok": True, "seconds": 0.1, "max_abs_diff": 0.0}
+
+    monkeypatch.setattr(probe, "run_probe", fake_probe)
+
+    def build_in(checkout: str) -> dict:
+        paths = ToolchainPaths(tmp_path / checkout / "toolchain")
+        paths.root.mkdir(parents=True)
+        paths.env_file.write_text("export CUDA_HOME=/opt/cuda\n")
+        monkeypatch.setattr(probe.ToolchainPaths, "of", classmethod(lambda cls, settings: paths))
+        verdict = probe.run(SimpleNamespace(device="cpu"))
+        assert json.loads(paths.probe_report.read_text())["ok"] and verdict["ok"]
+        return verdict
+
+    build_in("first")
+    build_in("second")
+    assert len(probed) == 1  # the second checkout read the first one's pass
+    monkeypatch.setenv("CXX", "/usr/bin/true")  # another compiler: another key
+    build_in("third")
+    assert len(probed) == 2
+
+
 def test_a_fix_the_probe_finds_beside_the_compile_has_it_compiled_again(monkeypatch, tmp_path):
     """The probe runs beside the compile; when it finds the toolchain broken and a fix (probe.env), the compile
     that ran without the fix is done again with it."""

@@ -21,12 +21,10 @@ from ..runtime.files import write_text_atomic
 from ..runtime.scratch import cache_dir
 
 
-def _key() -> str:
-    """torch, the interpreter, the C++ compiler (path, size and mtime: a new compiler is a new file) and the
-    CPU's flags."""
+def compiler_identity() -> str:
+    """The C++ compiler Inductor will run ($CXX, else g++): its path, size and mtime (a new compiler is a new
+    file)."""
     import shutil
-
-    import torch
 
     cxx = os.environ.get("CXX") or "g++"
     compiler = shutil.which(cxx) or cxx
@@ -35,6 +33,14 @@ def _key() -> str:
         compiler += f" {st.st_size} {st.st_mtime_ns}"
     except OSError:
         pass
+    return compiler
+
+
+def _key() -> str:
+    """torch, the interpreter, the C++ compiler and the CPU's flags."""
+    import torch
+
+    compiler = compiler_identity()
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "") \
         if Path("/proc/cpuinfo").exists() else platform.processor()
     text = f"{torch.__version__} {sys.executable} {compiler} {flags}"

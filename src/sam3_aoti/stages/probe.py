@@ -3,20 +3,30 @@ just before a compile that really runs (the compile task runs it; a substituted 
 
 The probe runs in a subprocess (`toolchain.probe`), so a crash in native code is a reported failure. One that
 fails gets the known fixes of `compiler_fixes`; the first that works goes to `artifacts/toolchain/probe.env`,
-which every later stage applies after cuda.env. The verdict is kept in `probe.json` with cuda.env's sha256: a
-machine probes once per toolchain.
+which every later stage applies after cuda.env. The verdict is kept in `probe.json` with cuda.env's sha256,
+and a pass with no fix also in the user's cache (`probe/KEY.json`, KEY: cuda.env, the device, torch, the
+interpreter and the C++ compiler), under a lock: a machine probes once per toolchain, however many checkouts
+build on it (two at once: the second waits for the first's verdict, beside its compile).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
+import sys
+from importlib.metadata import version
+from pathlib import Path
 
 from ..errors import ToolchainError
 from ..pipeline.paths import ToolchainPaths
 from ..pipeline.settings import Settings
+from ..aoti.vec_isa import compiler_identity
 from ..runtime.files import sha256, write_text_atomic
+from ..runtime.scratch import cache_dir
 from ..toolchain.compiler_fixes import candidate_fixes, run_probe
 from ..toolchain.cuda_env import FIX_VARIABLE, write_env_file
 
@@ -31,12 +41,52 @@ def passed_before(paths: ToolchainPaths, env_sha256: str) -> bool:
     return verdict.get("cuda_env_sha256") == env_sha256 and verdict.get("ok") is True
 
 
+def machine_verdict(device: str, env_sha256: str) -> Path:
+    """Where this machine keeps a pass of the probe for this toolchain, across checkouts."""
+    text = f"{env_sha256} {device} {version('torch')} {sys.executable} {compiler_identity()}"
+    return cache_dir() / "probe" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+
+
+@contextlib.contextmanager
+def held(lock: Path):
+    """`lock` held exclusively (waits for another checkout's probe); without one where the cache is read-only."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def run(settings: Settings) -> dict:
     paths = ToolchainPaths.of(settings)
     env_sha256 = sha256(paths.env_file) if paths.env_file.exists() else "-"
     if passed_before(paths, env_sha256):
         log.info("the probe passed before with this cuda.env: %s", paths.probe_report)
         return json.loads(paths.probe_report.read_text())
+    shared = machine_verdict(settings.device, env_sha256)
+    with held(shared.with_suffix(".lock")):
+        try:
+            verdict = json.loads(shared.read_text())
+        except (OSError, ValueError):
+            verdict = None
+        if isinstance(verdict, dict) and verdict.get("ok") is True and verdict.get("cuda_env_sha256") == env_sha256:
+            paths.probe_env.unlink(missing_ok=True)  # the shared pass needed no fix
+            write_text_atomic(paths.probe_report, json.dumps(verdict, indent=2) + "\n")
+            log.info("the probe passed on this machine before with this toolchain: %s", shared)
+            return verdict
+        verdict = probe_here(settings, paths, env_sha256)
+        if verdict.get("fix") is None:
+            with contextlib.suppress(OSError):  # a read-only cache: each checkout probes, as before
+                write_text_atomic(shared, json.dumps(verdict, indent=2) + "\n")
+        return verdict
+
+
+def probe_here(settings: Settings, paths: ToolchainPaths, env_sha256: str) -> dict:
+    """Run the probe, and the known fixes if it fails; the verdict goes to probe.json (raises if none works)."""
     paths.probe_env.unlink(missing_ok=True)  # a fix found for another toolchain says nothing of this one
     log.info("probe: AOT-compiling, loading and running a two-layer model on %s", settings.device)
     probe = run_probe(settings.device, dict(os.environ))
