@@ -29,7 +29,8 @@ from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
-from tasks.runs import RUNNING, die_with_parent, kill_group, low_disk, may_write_now, record_stage_group  # noqa: E402
+from tasks.runs import (RUNNING, kill_group, low_disk, may_write_now, record_stage_group, stage_nice,  # noqa: E402
+                        stage_preexec)
 
 SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
@@ -39,7 +40,7 @@ READS_PACKAGE = ("verify", "render", "bench", "parity", "throughput")
 
 
 def _settings():
-    """The variables, pipeline.toml and cases.toml, all checked before any stage runs."""
+    """The variables, pipeline.toml, cases.toml and $SAM3_AOTI_NICE, all checked before any stage runs."""
     from doit import doit_cmd
 
     from sam3_aoti.pipeline.cases import check_cases
@@ -51,6 +52,7 @@ def _settings():
         settings = load_settings(**{name: get_var(name) for name in SETTING_VARIABLES})
         check_ref(get_var("ref"), get_var("cache") or settings.stage("cache").get("url"))
         check_cases(DEFAULT_CASES)
+        stage_nice()
         return settings
     except Sam3AotiError as e:
         print(f"sam3-aoti: {e}", file=sys.stderr)
@@ -177,13 +179,14 @@ def run_stage(name: str):
     """Each stage in its own process: memory is returned between full-size stages, cuda.env applies
     before torch is imported, and a crash in native code fails the task instead of killing doit. The
     process has a session of its own (Ctrl-C reaches doit alone, which passes it on to the stage, not to the
-    stage's compile workers) and dies with doit. Its progress lines reach the terminal; anything else it or
+    stage's compile workers), dies with doit and steps back for other work on the machine (`runs.step_back`,
+    $SAM3_AOTI_NICE). Its progress lines reach the terminal; anything else it or
     the libraries under it print (warnings, a C++ abort's stack frames) goes to logs/<stage>.output.log, so
     the terminal gets one line per failure, never a traceback."""
     raw_log = PATHS.log(name).with_suffix(".output.log")
     raw_log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(stage_command(name), cwd=linked(ROOT), env=stage_env(name), start_new_session=True,
-                            preexec_fn=die_with_parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=stage_preexec(stage_nice()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace")
     RUNNING.append((name, proc))  # the probe runs beside the compile: both get a Ctrl-C
     record_stage_group(proc.pid)  # a session of its own: its group is the stage's pid

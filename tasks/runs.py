@@ -133,6 +133,47 @@ def may_write_now() -> bool:
     return doit_command(sys.argv) not in READ_ONLY_COMMANDS
 
 
+BUILD_NICE = 10  # how far a build's stages step back for the machine's other work ($SAM3_AOTI_NICE; 0: not at all)
+
+
+def stage_nice() -> int:
+    """$SAM3_AOTI_NICE, else BUILD_NICE: read here, in doit, so a bad value is one line, not a failed fork."""
+    from sam3_aoti.errors import ConfigError
+
+    value = os.environ.get("SAM3_AOTI_NICE", str(BUILD_NICE))
+    try:
+        return max(0, min(19, int(value)))
+    except ValueError:
+        raise ConfigError(f"SAM3_AOTI_NICE={value!r} is not a whole number: set 0 to 19 (how far a build's "
+                          "stages step back for other work), or unset it") from None
+
+
+def stage_preexec(nice: int):
+    """What a stage process does before it runs: `die_with_parent`, then `step_back(nice)`."""
+    def preexec() -> None:
+        die_with_parent()
+        step_back(nice)
+    return preexec
+
+
+def step_back(nice: int) -> None:
+    """Lower this process's priority by `nice`, and its session's where Linux groups CPU time by session
+    (autogroup: a stage has a session of its own, which would otherwise weigh as much as a whole terminal).
+    A build's compiles then take the cores when nothing else wants them: a test run or an editor beside a build
+    keeps its speed, and the build's CPU time counts as `nice` in /proc/stat (what `-n auto` reads as idle)."""
+    if nice <= 0:
+        return
+    try:
+        os.nice(nice)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(nice))
+    except OSError:  # no autogroup (another kernel, or turned off): the process's own nice is all there is
+        pass
+
+
 def die_with_parent() -> None:
     """In a stage process, before it runs: die when doit does (Linux's PR_SET_PDEATHSIG), so that a doit killed
     by SIGKILL leaves no stage writing on behind the next run's back."""

@@ -27,12 +27,15 @@ def pytest_configure(config):
 
 
 def busy_cores(seconds: float = 0.3) -> float:
-    """How many of this machine's cores are busy now: /proc/stat's busy jiffies over a short interval."""
+    """How many of this machine's cores are busy now with work that does not step back: /proc/stat's jiffies
+    over a short interval, less idle, iowait and niced time (a build's stages, `tasks.runs.step_back`, yield
+    their cores to what runs beside them)."""
     import time
 
     def sample() -> tuple[int, int]:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user's)
+        return total, fields[1] + fields[3] + fields[4]  # nice, idle, iowait
 
     (total0, idle0), _, (total1, idle1) = sample(), time.sleep(seconds), sample()
     return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))

@@ -35,3 +35,32 @@ def test_auto_takes_a_worker_per_idle_core_and_none_when_fewer_than_two(monkeypa
 
 def test_busy_cores_are_a_share_of_the_machine():
     assert 0.0 <= conftest.busy_cores(0.05) <= (conftest.os.cpu_count() or 1)
+
+
+def test_a_stage_steps_back_for_other_work_in_its_own_session(monkeypatch):
+    """A stage process (tasks.runs.stage_preexec) runs niced, and so does its session's group where Linux
+    groups CPU time by session; a bad $SAM3_AOTI_NICE is one line."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    from sam3_aoti.errors import ConfigError
+    from tasks.runs import stage_nice, stage_preexec
+
+    report = "import os; from pathlib import Path; p = Path('/proc/self/autogroup'); " \
+             "print(os.nice(0), p.read_text().split()[-1] if p.exists() else '-')"
+    out = subprocess.run([sys.executable, "-c", report], start_new_session=True, preexec_fn=stage_preexec(7),
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) == min(19, os.nice(0) + 7)
+    if Path("/proc/self/autogroup").exists():
+        assert out[1] == "7"
+    monkeypatch.delenv("SAM3_AOTI_NICE", raising=False)
+    assert stage_nice() == 10
+    for value, want in (("0", 0), ("25", 19)):
+        monkeypatch.setenv("SAM3_AOTI_NICE", value)
+        assert stage_nice() == want
+    monkeypatch.setenv("SAM3_AOTI_NICE", "high")
+    with pytest.raises(ConfigError, match="SAM3_AOTI_NICE='high' is not a whole number"):
+        stage_nice()
