@@ -35,9 +35,11 @@ def decode_batch(batch: dict):
 def coco_rle(runs, height: int, width: int) -> str:
     """A mask's run lengths (`postprocess.column_runs`) as COCO's compressed run-length `counts` (pycocotools'
     own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode` takes."""
+    import numpy as np
     from pycocotools import mask as coco_mask
 
-    return coco_mask.frPyObjects({"counts": [int(n) for n in runs], "size": [height, width]},
+    # counts as a uint32 array, as pycocotools converts them itself: a Python int per run cost 10 times more
+    return coco_mask.frPyObjects({"counts": np.asarray(runs, dtype=np.uint32), "size": [height, width]},
                                  height, width)["counts"].decode("ascii")
 
 
