@@ -20,6 +20,9 @@ def pytest_configure(config):
     # and beside xdist workers or a build, torch's default (a thread per core) oversubscribes the cores, where
     # OpenMP's waiting threads spin: the quick loop beside a tiny build took 183 s with the default, 49 s so.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The run's own builds at full priority (unless set): its build-reading tests wait for them, and niced
+    # builds behind the tests that need none finished at 363 s instead of 154 (benchmarks/cpu-2026-12-05-nice).
+    os.environ.setdefault("SAM3_AOTI_NICE", "0")
     config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
     if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
         os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build

@@ -1,0 +1,102 @@
+"""Where a `segment` actor's time goes, without Ray: the package loaded as an actor loads it, a collection like
+`doit throughput`'s decoded as the CPU tasks decode it, then each batch through `Segmenter` twice: once as it
+runs (the ms per image an actor can reach), once with its steps timed apart (the device synchronized around
+each): pixels to the device and transforms, the model, instances (resize, threshold, run lengths), COCO
+counts. Writes segment-actor.json and prints a table.
+
+Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+
+def timed_steps(device: str, totals: dict):
+    """Wrap the functions `Segmenter.__call__` reaches for, each timed with the device synchronized."""
+    import torch
+
+    from sam3_aoti.batch import worker
+    from sam3_aoti.runtime import inference, postprocess
+
+    def wrap(owner, name, step):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            totals[step] += time.perf_counter() - t0
+            return out
+        setattr(owner, name, timed)
+        return lambda: setattr(owner, name, original)
+
+    return [wrap(postprocess, "to_tensor", "pixels to the device"), wrap(inference, "run_prompts", "model"),
+            wrap(postprocess, "instances", "instances (resize, threshold, runs)"),
+            wrap(worker, "coco_rle", "COCO counts")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package", type=Path)
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt", default="a person")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+
+    from sam3_aoti.batch.worker import Segmenter, decode_batch
+    from sam3_aoti.stages.throughput import write_collection
+
+    folder = Path(tempfile.mkdtemp(prefix="segment-actor-"))
+    write_collection(folder, args.images, 1008, 4000, 0)
+    sources = sorted(str(p) for p in folder.iterdir() if p.suffix in (".jpg", ".png"))
+    t0 = time.perf_counter()
+    decoded = decode_batch({"source": sources}).to_pydict()
+    decode_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    segmenter = Segmenter(str(args.package), [args.prompt])
+    load_s = time.perf_counter() - t0
+    batches = [{k: v[i:i + args.batch] for k, v in decoded.items()} for i in range(0, len(sources), args.batch)]
+    segmenter(batches[0])  # the first call captures the CUDA graph of the batch's shape
+    t0 = time.perf_counter()
+    instances = sum(len(row) for b in batches for row in segmenter(b).column("instances").to_pylist())
+    as_run = (time.perf_counter() - t0) / len(sources)
+    totals = defaultdict(float)
+    restore = timed_steps("cuda" if "cuda" in str(segmenter.device) else "cpu", totals)
+    try:
+        t0 = time.perf_counter()
+        for b in batches:
+            segmenter(b)
+        stepped = (time.perf_counter() - t0) / len(sources)
+    finally:
+        for undo in restore:
+            undo()
+    steps = {name: round(seconds / len(sources) * 1e3, 2) for name, seconds in totals.items()}
+    steps["the rest (the call's own Python, the Arrow table)"] = round(stepped * 1e3 - sum(steps.values()), 2)
+    result = {"package": str(args.package), "images": len(sources), "batch": args.batch, "prompt": args.prompt,
+              "instances": instances, "decode_ms_per_image_one_core": round(decode_s / len(sources) * 1e3, 1),
+              "load_s": round(load_s, 2), "ms_per_image": round(as_run * 1e3, 2),
+              "ms_per_image_with_steps_synchronized": round(stepped * 1e3, 2), "steps_ms_per_image": steps}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "segment-actor.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{len(sources)} images ({instances} instances), batches of {args.batch}: {result['ms_per_image']} ms an "
+          f"image as it runs; decoding {result['decode_ms_per_image_one_core']} ms an image on one core; "
+          f"load {result['load_s']} s")
+    for name, ms in steps.items():
+        print(f"  {name:55s} {ms:8.2f} ms an image")
+
+
+if __name__ == "__main__":
+    main()
