@@ -175,3 +175,34 @@ def test_the_committed_h200_fp8_verify_report_passes_todays_gates():
     # beyond it can change sign and the IoU beyond it is 1 too
     worst_mask = max(m["pred_masks"]["max_abs"] for m in metrics.values())
     assert worst_mask < tol["mask_band"], worst_mask
+
+
+@pytest.mark.gpu
+def test_a_group_linear_exports_and_aot_compiles_with_a_dynamic_token_count(tmp_path, monkeypatch):
+    """The blockwise product (`F.scaled_mm`, aten._scaled_mm_v2) through torch.export and AOTInductor, as a
+    precision=fp8 build takes the ViT's fc2: the compiled package equals the module at two token counts. The
+    C++ compiler as the toolchain stage picks it (the H200's default g++ links libstdc++ statically, and its
+    AOTI wrappers crash on load: seen for this test too)."""
+    import os
+
+    from sam3_aoti.toolchain.compiler_fixes import links_libstdcxx_statically, shared_libstdcxx_compilers
+
+    if check_fp8_device(torch.device("cuda")):
+        pytest.skip(check_fp8_device(torch.device("cuda")))
+    cxx = os.environ.get("CXX") or "g++"
+    if links_libstdcxx_statically(cxx, tmp_path / "cxx"):
+        import torch._inductor.config as inductor_config  # reads $CXX once, when imported
+
+        monkeypatch.setattr(inductor_config.cpp, "cxx", (None, shared_libstdcxx_compilers(cxx, tmp_path / "cxx")[0]))
+    torch.manual_seed(0)
+    fp8 = Fp8GroupLinear(nn.Linear(4736, 1024)).cuda()
+    tokens = torch.export.Dim("tokens", min=16)
+    example = torch.randn(2 * 5184, 4736, device="cuda", dtype=torch.bfloat16)
+    program = torch.export.export(fp8, (example,), dynamic_shapes=({0: 16 * tokens},))
+    assert any("scaled_mm" in str(node.target) for node in program.graph.nodes)
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "fc2.pt2"))
+    compiled = torch._inductor.aoti_load_package(package)
+    for count in (5184, 3 * 5184):
+        x = torch.randn(count, 4736, device="cuda", dtype=torch.bfloat16)
+        want = fp8(x)
+        assert (compiled(x).float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()
