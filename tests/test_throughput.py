@@ -4,7 +4,7 @@ from PIL import Image
 
 from sam3_aoti.errors import Sam3AotiError
 from sam3_aoti.runtime.images import read_image
-from sam3_aoti.stages.throughput import LARGE_EVERY, write_collection
+from sam3_aoti.measure.collection import LARGE_EVERY, write_collection
 
 
 def test_the_collection_mixes_sizes_and_formats_and_holds_broken_files(tmp_path):

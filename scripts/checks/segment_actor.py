@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from sam3_aoti.batch.worker import Segmenter, decode_batch
-    from sam3_aoti.stages.throughput import write_collection
+    from sam3_aoti.measure.collection import write_collection
 
     folder = Path(tempfile.mkdtemp(prefix="segment-actor-"))
     write_collection(folder, args.images, 1008, 4000, 0)
