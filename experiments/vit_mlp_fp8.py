@@ -45,19 +45,13 @@ class Mlp(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
-class Fp8RowsMlp(nn.Module):
-    def __init__(self, mlp: Mlp):
+class Fp8Mlp(nn.Module):
+    """The MLP with fp8 linears: fc1 row-wise, fc2 row-wise or in 1 x 128 groups."""
+
+    def __init__(self, mlp: Mlp, groups: bool):
         super().__init__()
-        self.norm, self.fc1, self.fc2 = mlp.norm, Fp8Linear(mlp.fc1), Fp8Linear(mlp.fc2)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class Fp8GroupsMlp(nn.Module):
-    def __init__(self, mlp: Mlp):
-        super().__init__()
-        self.norm, self.fc1, self.fc2 = mlp.norm, Fp8Linear(mlp.fc1), Fp8GroupLinear(mlp.fc2)
+        self.norm, self.fc1 = mlp.norm, Fp8Linear(mlp.fc1)
+        self.fc2 = Fp8GroupLinear(mlp.fc2) if groups else Fp8Linear(mlp.fc2)
 
     def forward(self, x):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
@@ -112,7 +106,7 @@ def main() -> None:
     bf16 = Mlp(torch.bfloat16).to(device)
     bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in reference_mlp.state_dict().items()})
     x = x32.to(torch.bfloat16)
-    variants = {"bf16": bf16, "fp8 rows": Fp8RowsMlp(bf16), "fp8 groups": Fp8GroupsMlp(bf16)}
+    variants = {"bf16": bf16, "fp8 rows": Fp8Mlp(bf16, groups=False), "fp8 groups": Fp8Mlp(bf16, groups=True)}
     flop = 2 * 2 * tokens * WIDTH * HIDDEN
     results = {"tokens": tokens, "images": args.images, "flop": flop, "device": device,
                "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
