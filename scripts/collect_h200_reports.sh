@@ -42,6 +42,8 @@ for part in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  #
 done
 copy logs/segment-bench.log segment-bench.log
 copy logs/segment-throughput.log segment-throughput.log
+copy logs/segment-actor/segment-actor.json segment-actor.json
+copy logs/segment-actor.log segment-actor.log
 copy tiny/toolchain/doctor.json doctor-tiny.json
 copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt

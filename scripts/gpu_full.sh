@@ -46,9 +46,10 @@
 #          (scripts/checks/parity_eager.py, the parity tolerances)
 #   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
 #          every loader's load time (the service's start), then `doit throughput`: `sam3-aoti segment` on Ray Data
-#          over [throughput] images JPEG photographs against that bench's 16 x 1 images/s, the GPU's busy share
-#          sampled. With fresh named too, it builds nothing: bench and throughput run on fresh's package once
-#          the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          over the [throughput] collection (mixed sizes, PNGs and JPEGs, broken files) against that bench's 16 x 1
+#          images/s, the GPU's busy share sampled, then an actor's time by step without Ray
+#          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
+#          actor's steps run on fresh's package once the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
@@ -363,7 +364,9 @@ run_all() {
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
-        build segment-throughput throughput $SAM3 precision=bf16)
+        build segment-throughput throughput $SAM3 precision=bf16;
+        step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
+            artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $parts == *" heads "* ]] && (heads_part)
     [[ $parts == *" optimizations "* ]] && (optimizations_part)
