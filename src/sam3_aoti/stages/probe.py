@@ -21,10 +21,10 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+from ..aoti.vec_isa import compiler_identity
 from ..errors import ToolchainError
 from ..pipeline.paths import ToolchainPaths
 from ..pipeline.settings import Settings
-from ..aoti.vec_isa import compiler_identity
 from ..runtime.files import sha256, write_text_atomic
 from ..runtime.scratch import cache_dir
 from ..toolchain.compiler_fixes import candidate_fixes, run_probe
@@ -33,12 +33,18 @@ from ..toolchain.cuda_env import FIX_VARIABLE, write_env_file
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
 
-def passed_before(paths: ToolchainPaths, env_sha256: str) -> bool:
+def passing_verdict(report: Path, env_sha256: str) -> dict | None:
+    """The verdict in `report` if it is a pass for this cuda.env, else None."""
     try:
-        verdict = json.loads(paths.probe_report.read_text())
+        verdict = json.loads(report.read_text())
     except (OSError, ValueError):
-        return False
-    return verdict.get("cuda_env_sha256") == env_sha256 and verdict.get("ok") is True
+        return None
+    ok = isinstance(verdict, dict) and verdict.get("cuda_env_sha256") == env_sha256 and verdict.get("ok") is True
+    return verdict if ok else None
+
+
+def passed_before(paths: ToolchainPaths, env_sha256: str) -> bool:
+    return passing_verdict(paths.probe_report, env_sha256) is not None
 
 
 def machine_verdict(device: str, env_sha256: str) -> Path:
@@ -64,16 +70,14 @@ def held(lock: Path):
 def run(settings: Settings) -> dict:
     paths = ToolchainPaths.of(settings)
     env_sha256 = sha256(paths.env_file) if paths.env_file.exists() else "-"
-    if passed_before(paths, env_sha256):
+    verdict = passing_verdict(paths.probe_report, env_sha256)
+    if verdict:
         log.info("the probe passed before with this cuda.env: %s", paths.probe_report)
-        return json.loads(paths.probe_report.read_text())
+        return verdict
     shared = machine_verdict(settings.device, env_sha256)
     with held(shared.with_suffix(".lock")):
-        try:
-            verdict = json.loads(shared.read_text())
-        except (OSError, ValueError):
-            verdict = None
-        if isinstance(verdict, dict) and verdict.get("ok") is True and verdict.get("cuda_env_sha256") == env_sha256:
+        verdict = passing_verdict(shared, env_sha256)
+        if verdict:
             paths.probe_env.unlink(missing_ok=True)  # the shared pass needed no fix
             write_text_atomic(paths.probe_report, json.dumps(verdict, indent=2) + "\n")
             log.info("the probe passed on this machine before with this toolchain: %s", shared)
