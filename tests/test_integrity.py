@@ -66,3 +66,52 @@ def test_an_unwritable_cache_only_costs_the_hash(package, monkeypatch, tmp_path)
     for _ in range(2):
         assert integrity.check_package(package) == "matches sam3.pt2.sha256"
     assert len(hashes) == 2
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_an_entry_is_copied_out_byte_for_byte_by_the_kernel_only_when_stored_and_vouched_for(
+        tmp_path, monkeypatch, compression):
+    """The loader's unpack (`PackageFile.copy_entry`): a stored entry of a package whose digest matched is copied
+    by the kernel from the package's own bytes (its local header found behind prepended bytes, as zipfile finds
+    it); a compressed one, or one of a package no digest vouched for, through zipfile. Same bytes either way."""
+    from sam3_aoti.runtime import reader
+
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path / "cache"))
+    blob, path = os.urandom(3 * (1 << 20) + 5), tmp_path / "sam3.pt2"
+    with open(path, "wb") as f:
+        f.write(b"prepended bytes")
+        with zipfile.ZipFile(f, "w", compression) as archive:
+            archive.writestr("sam3/archive_format", "pt2")
+            archive.writestr("sam3/data/aotinductor/model/x_weights.blob", blob)
+    integrity.write_digest(path)
+    real_copy_range, ranges = reader.copy_range, []
+    monkeypatch.setattr(reader, "copy_range", lambda *a: ranges.append(a) or real_copy_range(*a))
+    for trust in (False, True):
+        with integrity.PackageFile(path) as package:
+            if trust:
+                os.unlink(integrity.digest_file(path))
+                monkeypatch.setattr(integrity, "_check_parts", lambda package: None)
+            integrity.check_package(package, trust=trust)
+            with open(tmp_path / "out", "wb") as out:
+                package.copy_entry("data/aotinductor/model/x_weights.blob", out)
+        assert (tmp_path / "out").read_bytes() == blob
+    assert len(ranges) == (1 if compression == zipfile.ZIP_STORED else 0)
+
+
+def test_a_kernel_copy_falls_back_to_sendfile_across_file_systems(tmp_path, monkeypatch):
+    import errno
+
+    from sam3_aoti.runtime import reader
+
+    data = os.urandom(1 << 20)
+    (tmp_path / "src").write_bytes(b"head" + data + b"tail")
+
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", cross_device)
+    with open(tmp_path / "src", "rb") as src, open(tmp_path / "dst", "wb") as dst:
+        reader.copy_range(src.fileno(), dst.fileno(), 4, len(data))
+        with pytest.raises(EOFError):
+            reader.copy_range(src.fileno(), dst.fileno(), 9, len(data))  # one byte past the end
+    assert (tmp_path / "dst").read_bytes()[:len(data)] == data

@@ -58,31 +58,38 @@ def test_pixels_become_floats_on_the_device_unchanged():
     assert torch.equal(tensor, torch.from_numpy(image).permute(2, 0, 1)[None].float())
 
 
-@pytest.mark.parametrize("threshold, hw", [(0.2, (97, 150)), (0.1, (40, 31))])
-def test_masks_counted_into_runs_encode_as_pycocotools_encodes_the_whole_mask(threshold, hw):
-    """What segment writes (runs counted where the masks are, then COCO's codec) is what pycocotools makes of
-    the full mask, and the areas agree."""
+@pytest.mark.parametrize("threshold, sizes, dtype", [
+    (0.2, [(97, 150), (40, 31), (8, 9)], torch.float32),
+    (0.1, [(33, 20), (64, 64)], torch.bfloat16),
+    (0.99, [(10, 10)], torch.float32),  # nothing kept
+])
+def test_a_batch_gives_each_image_what_instances_gives_it_with_its_masks_as_pycocotools_encodes_them(
+        threshold, sizes, dtype, monkeypatch):
+    """segment's path (every image of the batch at once, masks packed into bits, then COCO counts on a CPU) is
+    predict's (`instances`, one image at a time, whole masks) instance for instance, and its counts are
+    pycocotools' encoding of predict's mask."""
     from pycocotools import mask as coco_mask
 
-    from sam3_aoti.batch.worker import coco_rle
+    from sam3_aoti.batch.worker import coco_counts
 
+    monkeypatch.setattr(postprocess, "MASK_BYTES", 4 * 97 * 150 * 2)  # resized in chunks
     prompts = ["a", "b"]
-    outputs = random_outputs(2, len(prompts), seed=5)
-    arrays = instances(outputs, prompts, hw, 1, threshold)
-    runs = instances(outputs, prompts, hw, 1, threshold, as_runs=True)
-    assert len(arrays) == len(runs) > 0
-    for a, r in zip(arrays, runs):
-        assert (a.prompt, a.query, a.score, a.box_xyxy, a.area) == (r.prompt, r.query, r.score, r.box_xyxy, r.area)
-        assert r.mask is None and a.area == int(a.mask.sum())
-        expected = coco_mask.encode(np.asfortranarray(a.mask.astype(np.uint8)))["counts"].decode("ascii")
-        assert coco_rle(r.runs, *hw) == expected
+    outputs = tuple(t.to(dtype) for t in random_outputs(len(sizes), len(prompts), seed=5))
+    batch = postprocess.batch_instances(outputs, prompts, sizes, threshold)
+    assert len(batch) == len(sizes) and (sum(map(len, batch)) > 0 or threshold > 0.9)
+    for index, (hw, packed) in enumerate(zip(sizes, batch)):
+        whole = instances(outputs, prompts, hw, index, threshold)
+        assert len(whole) == len(packed)
+        for a, b in zip(whole, packed):
+            assert (a.prompt, a.query, a.score, a.box_xyxy, a.area) == (b.prompt, b.query, b.score, b.box_xyxy, b.area)
+            assert b.mask is None and a.area == int(a.mask.sum())
+            expected = coco_mask.encode(np.asfortranarray(a.mask.astype(np.uint8)))["counts"].decode("ascii")
+            assert coco_counts(b.bits, *hw) == expected
 
 
-def test_runs_of_empty_full_and_corner_masks():
-    masks = torch.zeros(4, 3, 5, dtype=torch.bool)
-    masks[1] = True
-    masks[2, 0, 0] = True  # a run of 0 zeros first
-    masks[3, :, 4] = True  # the last column
-    runs, areas = postprocess.column_runs(masks)
-    assert [r.tolist() for r in runs] == [[15], [0, 15], [0, 1, 14], [12, 3]]
-    assert areas == [0, 15, 1, 3]
+def test_bits_are_packed_as_numpy_packs_them_and_one_copy_brings_every_tensor_back():
+    rows = torch.rand(3, 21, generator=torch.Generator().manual_seed(0)) > 0.5  # 21: the last byte padded
+    assert np.array_equal(postprocess.pack_bits(rows).numpy(), np.packbits(rows.numpy(), axis=1))
+    tensors = (torch.randn(2, 3), torch.arange(5), torch.zeros(0, dtype=torch.uint8), rows)
+    for t, a in zip(tensors, postprocess.to_host(*tensors)):
+        assert a.shape == tuple(t.shape) and np.array_equal(a, t.numpy())

@@ -320,15 +320,23 @@ def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(
 
 
 def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
-    """The Python form: `decode_batch` and `Segmenter` are what a user's own `map_batches` would call."""
-    from sam3_aoti.batch import Segmenter, decode_batch
+    """The Python form: `decode_batch`, `Segmenter` and `encode_masks` are what a user's own `map_batches` would
+    call, and give what segment writes."""
+    from pycocotools import mask as coco_mask
+
+    from sam3_aoti.batch import Segmenter, decode_batch, encode_masks
 
     paths = write_photos(tmp_path / "photos")[:3]
     decoded = decode_batch({"source": np.array([str(p) for p in paths])}).to_pydict()
-    result = Segmenter(str(package_path), list(PROMPTS), float(THRESHOLD))(decoded).to_pylist()
-    assert [r["source"] for r in result] == [str(p) for p in paths]
+    found = Segmenter(str(package_path), list(PROMPTS), float(THRESHOLD))(decoded)
+    result = encode_masks(found.slice(1)).to_pylist()  # a slice, as Ray may hand a block on
+    assert [r["source"] for r in result] == [str(p) for p in paths[1:]]
     assert all(r["error"] == "" and r["width"] > 0 for r in result)
     assert any(r["instances"] for r in result)
+    for row in result:
+        for inst in row["instances"]:
+            mask = coco_mask.decode({"size": [row["height"], row["width"]], "counts": inst["mask_counts"]})
+            assert mask.shape == (row["height"], row["width"]) and mask.sum() == inst["mask_area"]
 
 
 @pytest.mark.parametrize("change, words", [

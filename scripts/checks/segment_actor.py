@@ -1,8 +1,9 @@
 """Where a `segment` actor's time goes, without Ray: the package loaded as an actor loads it, a collection like
 `doit throughput`'s decoded as the CPU tasks decode it, then each batch through `Segmenter` twice: once as it
 runs (the ms per image an actor can reach), once with its steps timed apart (the device synchronized around
-each): pixels to the device, the model, instances (resize, threshold, run lengths), COCO counts, and the rest
-(transforms, the Arrow table, the call's own Python). Writes segment-actor.json and prints a table.
+each): pixels to the device, the model, the masks (select, resize, threshold, pack into bits, one copy back),
+and the rest (transforms, the Arrow table, the call's own Python). Then the CPU stage after the actor
+(`encode_masks`: bits to COCO counts) on one core. Writes segment-actor.json and prints a table.
 
 Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
 """
@@ -25,7 +26,6 @@ def timed_steps(device: str, totals: dict):
     """Wrap the functions `Segmenter.__call__` reaches for, each timed with the device synchronized."""
     import torch
 
-    from sam3_aoti.batch import worker
     from sam3_aoti.runtime import inference, postprocess
 
     def wrap(owner, name, step):
@@ -44,8 +44,7 @@ def timed_steps(device: str, totals: dict):
         return lambda: setattr(owner, name, original)
 
     return [wrap(postprocess, "to_tensor", "pixels to the device"), wrap(inference, "run_prompts", "model"),
-            wrap(postprocess, "instances", "instances (resize, threshold, runs)"),
-            wrap(worker, "coco_rle", "COCO counts")]
+            wrap(postprocess, "batch_instances", "masks (select, resize, threshold, pack, one copy back)")]
 
 
 def main() -> None:
@@ -57,7 +56,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
 
-    from sam3_aoti.batch.worker import Segmenter, decode_batch
+    from sam3_aoti.batch.worker import Segmenter, decode_batch, encode_masks
     from sam3_aoti.measure.collection import write_collection
 
     folder = Path(tempfile.mkdtemp(prefix="segment-actor-"))
@@ -75,8 +74,11 @@ def main() -> None:
     batches = [{k: v[i:i + args.batch] for k, v in decoded.items()} for i in range(0, len(sources), args.batch)]
     segmenter(batches[0])  # the first call captures the CUDA graph of the batch's shape
     t0 = time.perf_counter()
-    instances = sum(len(row) for b in batches for row in segmenter(b).column("instances").to_pylist())
+    found = [segmenter(b) for b in batches]
     as_run = (time.perf_counter() - t0) / len(sources)
+    t0 = time.perf_counter()
+    instances = sum(len(row) for table in found for row in encode_masks(table).column("instances").to_pylist())
+    encode_s = (time.perf_counter() - t0) / len(sources)
     totals = defaultdict(float)
     restore = timed_steps("cuda" if "cuda" in str(segmenter.device) else "cpu", totals)
     try:
@@ -92,12 +94,13 @@ def main() -> None:
     result = {"package": str(args.package), "images": len(sources), "batch": args.batch, "prompt": args.prompt,
               "instances": instances, "decode_ms_per_image_one_core": round(decode_s / len(sources) * 1e3, 1),
               "load_s": round(load_s, 2), "ms_per_image": round(as_run * 1e3, 2),
+              "encode_masks_ms_per_image_one_core": round(encode_s * 1e3, 2),
               "ms_per_image_with_steps_synchronized": round(stepped * 1e3, 2), "steps_ms_per_image": steps}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "segment-actor.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(sources)} images ({instances} instances), batches of {args.batch}: {result['ms_per_image']} ms an "
-          f"image as it runs; decoding {result['decode_ms_per_image_one_core']} ms an image on one core; "
-          f"load {result['load_s']} s")
+          f"image as it runs; decoding {result['decode_ms_per_image_one_core']} ms and the masks' COCO counts "
+          f"{result['encode_masks_ms_per_image_one_core']} ms an image on one core; load {result['load_s']} s")
     for name, ms in steps.items():
         print(f"  {name:55s} {ms:8.2f} ms an image")
 

@@ -136,18 +136,28 @@ def _phases(metrics: dict, least_seconds: float = 1.0) -> dict[str, float]:
     return dict(sorted(phases.items(), key=lambda kv: -kv[1]))
 
 
-_CONSTANT_FIELD = re.compile(r"constants_info_\[(\d+)\]\.(name|original_fqn|data_size|from_folded|device_type) = (.+);")
+_CONSTANT_FIELD = re.compile(r"constants_info_\[(\d+)\]\.(name|original_fqn|data_size|from_folded|device_type|dtype|"
+                             r"offset|shape|stride|layout) = (.+);")
 
 
 def constants_table(wrapper_cpp: str) -> list[dict]:
     """The blob's layout as the generated wrapper declares it: constants in order, each with the exported
-    program's name for it (`original_fqn`), its byte size and device."""
+    program's name for it (`original_fqn`), its byte size and device, and the tensor its bytes make (dtype, shape,
+    stride, storage offset; `strided` false for another layout), which the loader builds from the package's
+    bytes (`runtime.constants`)."""
     table: dict[int, dict] = {}
     for index, key, value in _CONSTANT_FIELD.findall(wrapper_cpp):
         table.setdefault(int(index), {})[key] = value.strip('"')
     rows = [table[i] for i in sorted(table)]
+
+    def numbers(braced: str) -> list[int]:
+        return [int(n) for n in braced.strip("{}").replace(" ", "").split(",") if n]
+
     return [{"name": r["name"], "fqn": r.get("original_fqn", ""), "bytes": int(r["data_size"]),
-             "folded": r["from_folded"] == "true", "cuda": r["device_type"].endswith("_cuda")} for r in rows]
+             "folded": r["from_folded"] == "true", "cuda": r["device_type"].endswith("_cuda"),
+             "dtype": r.get("dtype", "").removeprefix("cached_torch_dtype_"), "shape": numbers(r.get("shape", "")),
+             "stride": numbers(r.get("stride", "")), "offset": int(r.get("offset", 0)),
+             "strided": "layout_strided" in r.get("layout", "")} for r in rows]
 
 
 def platform_info(device: str) -> dict:

@@ -1,8 +1,9 @@
 """`segment` on Ray Data: the collection listed (`sources`), what an earlier run committed left out
 (`dataset.Output`), the files read and decoded by CPU tasks (`worker.decode_batch`), batched, segmented by actors
-that each load the package once on one GPU (`worker.Segmenter`; CPU actors for a CPU package), the results
-committed by this process, the only writer. Ray retries the task of an actor that dies (a restarted actor loads
-the package again); an image is committed once whatever is retried or resumed.
+that each load the package once on one GPU (`worker.Segmenter`; CPU actors for a CPU package), their masks
+encoded by CPU tasks (`worker.encode_masks`), the results committed by this process, the only writer. Ray retries
+the task of an actor that dies (a restarted actor loads the package again); an image is committed once whatever
+is retried or resumed.
 
 Ray starts locally on this machine's GPUs (or CPUs) unless `ray_address` names a running cluster. On a cluster
 each machine pulls a ref's package itself; the collection must be readable from every machine (a bucket, or a
@@ -208,14 +209,16 @@ def stopped_by_signals(ray):
 
 
 def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, batch_size: int, segmenter: dict) -> dict:
-    from .worker import Segmenter, decode_batch
+    from .worker import Segmenter, decode_batch, encode_masks
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     images = ray.data.from_items([{"source": s} for s in todo],
                                  override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
     decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
-    found, actors = on_model_actors(ray, decoded, Segmenter, segmenter, device, actors, batch_size)
+    segmented, actors = on_model_actors(ray, decoded, Segmenter, segmenter, device, actors, batch_size)
+    # the masks' bits into COCO counts in CPU tasks: the model actor's CPU does nothing its GPU waits on
+    found = segmented.map_batches(encode_masks, batch_size=None, batch_format="pyarrow", num_cpus=1)
     t0, last, first, after_first = time.perf_counter(), 0.0, None, 0
     try:
         for table in found.iter_batches(batch_format="pyarrow", batch_size=None):

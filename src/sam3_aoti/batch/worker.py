@@ -1,7 +1,8 @@
 """`Segmenter`: the package loaded once, then batches of decoded images in, one row per image out, each with its
-instances (what `predict` finds: the same inference and thresholds, `runtime.inference`, `postprocess.instances`),
-masks as COCO run-length encoding. A callable class, the form Ray Data's `map_batches` runs in actors; a loop
-of your own can call it too."""
+instances (what `predict` finds: the same inference and thresholds, `runtime.inference`, `postprocess`), masks
+packed into bits; `encode_masks` then turns the bits into COCO run-length encoding on a CPU. Callables, the form
+Ray Data's `map_batches` runs (the model in actors, the encoding in CPU tasks after them); a loop of your own can
+call them too: `encode_masks(segmenter(decode_batch(batch)))`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import PackageError, Sam3AotiError
-from .schemas import decoded_schema, segmented_schema
+from .schemas import decoded_schema, found_schema
 
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
@@ -32,15 +33,37 @@ def decode_batch(batch: dict):
     return pa.Table.from_pydict(out, schema=decoded_schema())
 
 
-def coco_rle(runs, height: int, width: int) -> str:
-    """A mask's run lengths (`postprocess.column_runs`) as COCO's compressed run-length `counts` (pycocotools'
-    own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode` takes."""
+def coco_counts(bits, height: int, width: int) -> str:
+    """A mask packed into bits column by column (`postprocess.pack_bits`) as COCO's compressed run-length `counts`
+    (pycocotools' own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode`
+    takes."""
     import numpy as np
     from pycocotools import mask as coco_mask
 
-    # counts as a uint32 array, as pycocotools converts them itself: a Python int per run cost 10 times more
-    return coco_mask.frPyObjects({"counts": np.asarray(runs, dtype=np.uint32), "size": [height, width]},
-                                 height, width)["counts"].decode("ascii")
+    columns = np.unpackbits(np.frombuffer(bits, np.uint8), count=height * width).reshape(width, height)
+    return coco_mask.encode(columns.T)["counts"].decode("ascii")  # .T: [height, width] in column order, uncopied
+
+
+def encode_masks(found):
+    """CPU side, after the model actor: the Arrow table `Segmenter` returns with each instance's `mask_bits`
+    replaced by its COCO `mask_counts` (`schemas.segmented_schema`), every other column as it came."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .schemas import INSTANCE_FIELDS, instance_type, segmented_schema
+
+    lists = found.column("instances").combine_chunks()
+    flat = lists.flatten()  # every instance of the table, row after row
+    rows = pc.list_parent_indices(lists).to_numpy()
+    heights, widths = found.column("height").to_numpy(), found.column("width").to_numpy()
+    counts = pa.array([coco_counts(bits, int(heights[r]), int(widths[r]))
+                       for bits, r in zip(flat.field("mask_bits").to_numpy(zero_copy_only=False), rows)], pa.string())
+    structs = pa.StructArray.from_arrays([*(flat.field(n) for n in INSTANCE_FIELDS[:-1]), counts],
+                                         fields=list(instance_type()))
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    instances = pa.ListArray.from_arrays(offsets, structs, type=pa.list_(instance_type()))
+    return found.set_column(found.schema.get_field_index("instances"), "instances", instances).cast(
+        segmented_schema())
 
 
 def pulled_packages() -> Path:
@@ -102,31 +125,34 @@ class Segmenter:
                 self.exemplars = encode_exemplars(self.package, normalized, drawn_on, self.device)
 
     def __call__(self, batch: dict):
-        import numpy as np
+        import warnings
+
         import pyarrow as pa
         import torch
 
         from ..runtime.inference import run_prompts
-        from ..runtime.postprocess import instances, to_tensor
+        from ..runtime.postprocess import batch_instances, to_tensor
 
         t0 = time.perf_counter()
         sizes = [(int(h), int(w)) for h, w in zip(batch["height"], batch["width"])]
         good = [i for i, error in enumerate(batch["error"]) if not error]
         found = {}
         if good:
-            with torch.inference_mode():
+            with torch.inference_mode(), warnings.catch_warnings():
+                # the decoded bytes, read in place (never written: they are copied to the device, or into floats)
+                warnings.filterwarnings("ignore", "The given buffer is not writable")
                 pixels = torch.cat([self.package.transforms(to_tensor(
-                    np.frombuffer(batch["pixels"][i], np.uint8).reshape(*sizes[i], 3).copy(), self.device)) for i in good])
+                    torch.frombuffer(batch["pixels"][i], dtype=torch.uint8).view(*sizes[i], 3), self.device))
+                    for i in good])
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
-                for k, i in enumerate(good):  # masks counted into runs on the device: only the runs come back
-                    found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
-                                 "box_xyxy": list(inst.box_xyxy), "mask_area": inst.area,
-                                 "mask_counts": coco_rle(inst.runs, *sizes[i])}
-                                for inst in instances(outputs, self.prompts, sizes[i], image_index=k,
-                                                      threshold=self.threshold, as_runs=True)]
+                kept = batch_instances(outputs, self.prompts, [sizes[i] for i in good], self.threshold)
+            for i, image in zip(good, kept):
+                found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
+                             "box_xyxy": list(inst.box_xyxy), "mask_area": inst.area, "mask_bits": inst.bits.tobytes()}
+                            for inst in image]
         seconds = (time.perf_counter() - t0) / max(len(good), 1)
         return pa.Table.from_pydict({
             "source": [str(s) for s in batch["source"]], "width": [w for _, w in sizes],
             "height": [h for h, _ in sizes], "error": [str(e) for e in batch["error"]],
             "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
-            "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=segmented_schema())
+            "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())

@@ -24,7 +24,7 @@ READ_LIMITS = {METADATA_FILE: 4 << 20, VOCAB_FILE: 16 << 20, "wrapper_metadata.j
 # metadata.json's fields a reader uses, and the JSON type each must have
 METADATA_TYPES = {"format": str, "profile": str, "precision": str, "device": str, "weights": str, "models": dict,
                   "versions": dict, "tokenizer": dict, "parts_sha256": dict, "inductor_options": dict,
-                  "fp32_parts": list, "fp8_parts": list}
+                  "fp32_parts": list, "fp8_parts": list, "weights_layout": dict}
 
 
 def read_bounded(archive, name: str, limit: int) -> bytes:

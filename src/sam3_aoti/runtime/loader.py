@@ -137,9 +137,10 @@ class Sam3Package:
         return encode_prompts(prompts, self.merges_text)
 
 
-def unpack_model(package: PackageFile, name: str) -> Path:
+def unpack_model(package: PackageFile, name: str, skip: str | None = None) -> Path:
     """The files of the model `name` (names checked by `integrity.check_entries`), unpacked from the package's
-    open file into a folder of this process's own: its shared object, its kernels, its weights blob."""
+    open file into a folder of this process's own: its shared object, its kernels, its weights blob (unless it is
+    `skip`, the entry of weights read in place)."""
     import tempfile
 
     from .scratch import process_folder
@@ -147,10 +148,10 @@ def unpack_model(package: PackageFile, name: str) -> Path:
     prefix = f"data/aotinductor/{name}/"
     folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=process_folder()))
     try:
-        for inner, entry in package.entries.items():
-            if inner.startswith(prefix):
-                with package.zip.open(entry) as src, open(folder / inner.removeprefix(prefix), "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
+        for inner in package.entries:
+            if inner.startswith(prefix) and inner != skip:
+                with open(folder / inner.removeprefix(prefix), "wb") as dst:
+                    package.copy_entry(inner, dst)
         shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
         if len(shared) != 1:
             raise PackageError(f"{package.path} holds {len(shared)} shared objects for {name}, a package one: "
@@ -179,7 +180,8 @@ def device_problem(built: dict[str, dict]) -> str | None:
 
 
 def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
-    """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs).
+    """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs), their
+    weights read in place from the package where it records their layout (`constants`).
     torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe the CPU's vector ISA
     for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
     subprocesses: tens of seconds, for CUDA packages too. This takes under a second, and a failed load
@@ -189,18 +191,23 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     if not isinstance(package, PackageFile):
         with PackageFile(package) as opened:
             return load_aoti_runners(opened, graphed)
+    from .constants import read_constants, readable_layout, weights_entry
+
     built = package.built_for
     problem = device_problem(built)
     if problem:
         raise PackageError(problem)
-    folders, runners = {}, {}
+    folders, runners, weights = {}, {}, {}
+    device = {name: record.get("AOTI_DEVICE_KEY") or "cpu" for name, record in built.items()}
     try:
         for name in models_in(package.path, built):
-            folders[name] = unpack_model(package, name)
-        package.check_unchanged()
+            in_place = readable_layout(package, name, device.get(name, "cpu"))
+            folders[name] = unpack_model(package, name, skip=weights_entry(package, name) if in_place else None)
+            if in_place:
+                weights[name] = read_constants(package, *in_place, device.get(name, "cpu"))
+        package.check_unchanged()  # what was unpacked and read is what was checked
         for name, folder in folders.items():  # each runner owns its folder from here
-            runners[name] = AotiRunner(folder, built.get(name, {}).get("AOTI_DEVICE_KEY") or "cpu",
-                                       name in graphed)
+            runners[name] = AotiRunner(folder, device.get(name, "cpu"), name in graphed, weights.get(name))
     except BaseException:
         for name, folder in folders.items():
             if name not in runners:

@@ -15,9 +15,9 @@ class Instance:
     query: int
     score: float
     box_xyxy: tuple[float, float, float, float]  # pixels of the original image
-    mask: np.ndarray | None  # bool HxW, or None where `runs` stand for it
+    mask: np.ndarray | None  # bool HxW, or None where `bits` stand for it
     area: int  # the mask's pixels
-    runs: np.ndarray | None = None  # COCO's run lengths of the mask (column-major, from a run of 0s)
+    bits: np.ndarray | None = None  # the mask packed into bits column by column (`pack_bits`), COCO's order
 
     def as_json(self) -> dict:
         return {"prompt": self.prompt, "query": self.query, "score": round(self.score, 4),
@@ -28,11 +28,10 @@ MASK_BYTES = 1 << 28  # the most float32 memory full-size masks are resized in a
 
 
 def instances(outputs, prompts: list[str], image_hw: tuple[int, int], image_index: int = 0,
-              threshold: float = 0.5, top_k: int | None = None, as_runs: bool = False) -> list[Instance]:
+              threshold: float = 0.5, top_k: int | None = None) -> list[Instance]:
     """Instances of one image across its prompts: score >= threshold, or the top_k best when given. The kept
     queries are picked, resized and brought to the host together (a wait for the device per image, not per
-    instance); boxes are scaled in Python floats, as ever. `as_runs`: each mask as its run lengths, counted
-    where the masks are (`column_runs`), instead of the whole mask."""
+    instance); boxes are scaled in Python floats, as ever."""
     h, w = image_hw
     _, boxes, masks, _ = outputs
     pairs = image_index * len(prompts) + torch.arange(len(prompts), device=boxes.device)
@@ -44,42 +43,88 @@ def instances(outputs, prompts: list[str], image_hw: tuple[int, int], image_inde
         prompt_of, query = (s >= threshold).nonzero().unbind(1)
     picked_pairs = pairs[prompt_of]
     kept_masks = masks[picked_pairs, query]
-    step = max(1, MASK_BYTES // (4 * h * w))
-    full_masks, runs, areas = [], [], []
-    for i in range(0, len(query), step):
-        chunk = F.interpolate(kept_masks[i:i + step, None].float(), size=(h, w), mode="bilinear")[:, 0] > 0
-        if as_runs:
-            chunk_runs, chunk_areas = column_runs(chunk)
-            runs += chunk_runs
-            areas += chunk_areas
-        else:
-            full_masks += list(chunk.cpu().numpy())
-            areas += [int(m.sum()) for m in full_masks[-len(chunk):]]
-    found = []
-    for j, (p, q, score, (cx, cy, bw, bh)) in enumerate(zip(prompt_of.tolist(), query.tolist(),
-                                                            s[prompt_of, query].tolist(),
-                                                            boxes[picked_pairs, query].tolist())):
-        box = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
-        found.append(Instance(prompts[p], q, score, box, None if as_runs else full_masks[j], areas[j],
-                              runs[j] if as_runs else None))
+    full_masks = [m for chunk in resized(kept_masks, h, w) for m in chunk.cpu().numpy()]
+    found = [Instance(prompts[p], q, score, pixel_box(box, h, w), full_masks[j], int(full_masks[j].sum()))
+             for j, (p, q, score, box) in enumerate(zip(prompt_of.tolist(), query.tolist(),
+                                                         s[prompt_of, query].tolist(),
+                                                         boxes[picked_pairs, query].tolist()))]
     return sorted(found, key=lambda i: -i.score)
 
 
-def column_runs(masks) -> tuple[list, list]:
-    """Boolean [K, H, W] masks (on any device) -> each mask's COCO run lengths (column-major, from a run of 0s,
-    which may be empty) and its area, computed where the masks are: only the runs' ends cross to the host."""
-    k = masks.shape[0]
-    flat = masks.transpose(1, 2).reshape(k, -1)
-    change_row, change_at = (flat[:, 1:] != flat[:, :-1]).nonzero().unbind(1)
-    per_mask = torch.bincount(change_row, minlength=k).tolist()
-    ends, first, areas = (change_at + 1).cpu().numpy(), flat[:, 0].tolist(), flat.sum(1).tolist()
-    runs, start, size = [], 0, flat.shape[1]
-    for i in range(k):
-        edges = np.concatenate([[0], ends[start:start + per_mask[i]], [size]])
-        start += per_mask[i]
-        counts = np.diff(edges)
-        runs.append(np.concatenate([[0], counts]) if first[i] else counts)
-    return runs, [int(a) for a in areas]
+def batch_instances(outputs, prompts: list[str], sizes: list[tuple[int, int]],
+                    threshold: float = 0.5) -> list[list[Instance]]:
+    """`instances` of every image of a batch (image b holds the pairs b·P to b·P + P - 1; `sizes`: each image's
+    (h, w)), each mask packed into bits (`Instance.bits`) instead of whole. One wait for the device, for the
+    scores (which queries are kept); the masks are resized, thresholded and packed where they are, and come
+    back with the boxes and areas in one copy: no wait per image or per instance (segment's model actor)."""
+    _, boxes, masks, _ = outputs
+    s = scores(outputs)
+    host_scores, keep = to_host(s.float(), s >= threshold)
+    pair, query = np.nonzero(keep)  # row-major: by image, then prompt, then query, as `instances` finds them
+    on_device = torch.from_numpy(np.stack([pair, query])).to(masks.device)
+    bits, areas, per = [], [], len(prompts)
+    for b, (h, w) in enumerate(sizes):
+        mine = torch.from_numpy(np.flatnonzero(pair // per == b)).to(masks.device)
+        for chunk in resized(masks[on_device[0, mine], on_device[1, mine]], h, w):
+            columns = chunk.transpose(1, 2).flatten(1)  # column-major, as COCO counts
+            areas.append(columns.sum(1))
+            bits.append(pack_bits(columns).flatten())
+    host_boxes, host_areas, host_bits = to_host(boxes[on_device[0], on_device[1]].float(), cat(areas, torch.int64),
+                                                cat(bits, torch.uint8))
+    found: list[list[Instance]] = [[] for _ in sizes]
+    at = 0
+    for j, (p, q) in enumerate(zip(pair.tolist(), query.tolist())):
+        h, w = sizes[p // per]
+        size = -(-h * w // 8)
+        found[p // per].append(Instance(prompts[p % per], q, host_scores[p, q].item(),
+                                         pixel_box(host_boxes[j].tolist(), h, w), None, int(host_areas[j]),
+                                         host_bits[at:at + size]))
+        at += size
+    return [sorted(image, key=lambda i: -i.score) for image in found]
+
+
+def resized(masks, h: int, w: int):
+    """Mask logits [K, h', w'] resized to the image (bilinear) and thresholded, as bool [k, h, w] chunks of at most
+    MASK_BYTES of float32 each."""
+    step = max(1, MASK_BYTES // (4 * h * w))
+    for i in range(0, masks.shape[0], step):
+        yield F.interpolate(masks[i:i + step, None].float(), size=(h, w), mode="bilinear")[:, 0] > 0
+
+
+def pixel_box(box, h: int, w: int) -> tuple[float, float, float, float]:
+    """A normalized (cx, cy, w, h) box as pixel corners (x0, y0, x1, y1), in Python floats."""
+    cx, cy, bw, bh = box
+    return (cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h
+
+
+BIT_ORDER = (7, 6, 5, 4, 3, 2, 1, 0)  # the first of 8 values in the high bit, as numpy.packbits
+
+
+def pack_bits(rows) -> torch.Tensor:
+    """Bool [K, N] -> uint8 [K, ceil(N / 8)], eight values a byte (numpy.packbits' order; the last byte padded
+    with 0s): an eighth of the bytes to bring back."""
+    k, n = rows.shape
+    eights = F.pad(rows.to(torch.uint8), (0, -n % 8)).view(k, -1, 8)
+    return (eights << torch.tensor(BIT_ORDER, dtype=torch.uint8, device=rows.device)).sum(-1, dtype=torch.uint8)
+
+
+def cat(tensors: list, dtype) -> torch.Tensor:
+    return torch.cat(tensors) if tensors else torch.zeros(0, dtype=dtype)
+
+
+NUMPY_TYPES = {torch.float32: np.float32, torch.int64: np.int64, torch.uint8: np.uint8, torch.bool: np.bool_}
+
+
+def to_host(*tensors) -> list[np.ndarray]:
+    """Tensors of one device as numpy arrays, brought to the host in one copy (one wait for the device)."""
+    raw = [t.contiguous().flatten().view(torch.uint8) for t in tensors]
+    device = next((t.device for t in tensors if t.numel()), torch.device("cpu"))  # an empty one may be the CPU's
+    host = torch.cat([r.to(device) for r in raw]).cpu()
+    arrays, at = [], 0
+    for t, r in zip(tensors, raw):
+        arrays.append(host[at:at + r.numel()].numpy().view(NUMPY_TYPES[t.dtype]).reshape(tuple(t.shape)))
+        at += r.numel()
+    return arrays
 
 
 PALETTE = np.array([(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180),
@@ -112,10 +157,11 @@ def overlay(image: np.ndarray, found: list[Instance], title: str, exemplars=()):
     return picture
 
 
-def to_tensor(image: np.ndarray, device="cpu") -> torch.Tensor:
-    """HxWx3 uint8 -> [1,3,H,W] float in [0, 255], the `transforms` input. The bytes go to the device as they
-    are, a quarter of float32's, and become floats there."""
-    return torch.from_numpy(image).to(device).permute(2, 0, 1)[None].float().contiguous()
+def to_tensor(image, device="cpu") -> torch.Tensor:
+    """HxWx3 uint8 (a numpy array or a tensor) -> [1,3,H,W] float in [0, 255], the `transforms` input. The bytes
+    go to the device as they are, a quarter of float32's, and become floats there."""
+    pixels = torch.from_numpy(image) if isinstance(image, np.ndarray) else image
+    return pixels.to(device).permute(2, 0, 1)[None].float().contiguous()
 
 
 def scores(outputs) -> torch.Tensor:

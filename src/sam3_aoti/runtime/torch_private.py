@@ -23,12 +23,13 @@ def before_loading() -> None:
 class AotiRunner:
     """One AOTI model unpacked into `folder` (`loader.unpack_model`: this process's own temporary folder; torch's
     package loader would unpack into /tmp/XXXXXX, left there when a load is interrupted), loaded with torch's
-    model runner, called with tensors. Its weights are read from the blob, which is then removed: the code stays
+    model runner, called with tensors. Its weights are `weights` (tensors on its device, read in place), or else
+    read from the blob in the folder, which is then removed: the code stays
     for the life of the runner (CUDA kernels load on first use). The runner owns the folder. Inputs are made
     contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would be
     read wrongly, silently."""
 
-    def __init__(self, folder: Path, device: str = "cpu", single_threaded: bool = False):
+    def __init__(self, folder: Path, device: str = "cpu", single_threaded: bool = False, weights: dict | None = None):
         import weakref
 
         import torch
@@ -41,6 +42,9 @@ class AotiRunner:
                                                                       single_threaded)
         else:
             self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(shared[0]), 1)
+        self.weights = weights  # the runner reads these tensors in place (user-managed): they live as long as it
+        if weights is not None:  # built from the package's bytes (`constants.read_constants`)
+            self.runner.update_constant_buffer(weights, False, True, True)
         for blob in folder.glob("*_weights.blob"):
             self.runner.update_constant_buffer_from_blob(str(blob))
             blob.unlink()  # read into the runner's constants: a second copy on disk helps no one

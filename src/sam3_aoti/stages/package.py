@@ -90,7 +90,23 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
             "program": program["sha256"],
         },
         "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
+        "weights_layout": weights_layout(index),
     }
+
+
+def weights_layout(index: dict) -> dict[str, list]:
+    """How each weights blob is laid out, as the compiled code declares it (`aoti.compile.constants_table`): per
+    model, its constants in blob order as [name, dtype, shape, stride, storage offset, bytes, on the GPU], so the
+    loader builds them from the package's bytes (`runtime.constants`). Left out for a model whose compile record
+    predates the fields, or holds a constant of another layout than strided."""
+    layouts = {}
+    for name, compiled in index["models"].items():
+        constants = [c for c in compiled["constants"] if not c["folded"]]
+        if name in SHARED_WEIGHT_PARTS or not constants or not all(c.get("strided") for c in constants):
+            continue
+        layouts[name] = [[c["name"], c["dtype"], c["shape"], c["stride"], c["offset"], c["bytes"], c["cuda"]]
+                         for c in constants]
+    return layouts
 
 
 def part_metadata(program: dict, name: str) -> dict:
