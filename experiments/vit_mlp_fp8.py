@@ -6,7 +6,9 @@
     output needs a max over its whole 4736-wide row before it can be quantized;
   - fp8 groups: fc1 as above, fc2's input quantized in 1 x 128 groups (4736 = 37 x 128: the max is over 128
     values, within one tile of the GELU's kernel) against 128 x 128 weight blocks (`Fp8GroupLinear`:
-    `F.scaled_mm`, BlockWise1x128 x BlockWise128x128, Hopper's DeepSeek-style kernel).
+    `F.scaled_mm`, BlockWise1x128 x BlockWise128x128, Hopper's DeepSeek-style kernel);
+  - fp8 groups, fused: the same, fc1's bias, GELU and the group quantization in the project's Triton kernel
+    (`sam3_aoti.model.fp8.Fp8Mlp`, the op `sam3_aoti::gelu_quantize_groups`), what precision=fp8 builds now.
 Each: median ms of 20 calls (CUDA events) after warm-up, its costliest kernels (torch.profiler), and its error
 against the fp32 MLP. The GELU-and-quantize step alone too, rows against groups, beside the bytes it must move.
 Usage: python3 experiments/vit_mlp_fp8.py --out DIR        (on a Hopper GPU; writes DIR/vit-mlp-fp8.{json,md})
@@ -29,6 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from sam3_aoti.model.fp8 import Fp8GroupLinear, Fp8Linear, quantize_groups, quantize_rows  # noqa: E402
+from sam3_aoti.model.fp8 import Fp8Mlp as FusedMlp  # noqa: E402
 
 WIDTH, HIDDEN, TOKENS_PER_IMAGE = 1024, 4736, 72 * 72
 
@@ -55,6 +58,17 @@ class Fp8Mlp(nn.Module):
 
     def forward(self, x):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class FusedFp8Mlp(nn.Module):
+    """The MLP as precision=fp8 builds it: `model.fp8.Fp8Mlp` between the LayerNorm and the residual."""
+
+    def __init__(self, mlp: Mlp):
+        super().__init__()
+        self.norm, self.mlp = mlp.norm, FusedMlp(mlp)
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
 
 
 def error(out, reference) -> dict:
@@ -106,7 +120,8 @@ def main() -> None:
     bf16 = Mlp(torch.bfloat16).to(device)
     bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in reference_mlp.state_dict().items()})
     x = x32.to(torch.bfloat16)
-    variants = {"bf16": bf16, "fp8 rows": Fp8Mlp(bf16, groups=False), "fp8 groups": Fp8Mlp(bf16, groups=True)}
+    variants = {"bf16": bf16, "fp8 rows": Fp8Mlp(bf16, groups=False), "fp8 groups": Fp8Mlp(bf16, groups=True),
+                "fp8 groups, fused": FusedFp8Mlp(bf16)}
     flop = 2 * 2 * tokens * WIDTH * HIDDEN
     results = {"tokens": tokens, "images": args.images, "flop": flop, "device": device,
                "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
@@ -128,8 +143,11 @@ def main() -> None:
     if not args.cpu:  # the step between fc1 and fc2 alone: read bf16 [M, 4736], write e4m3 and the scales
         hidden = torch.randn(tokens, HIDDEN, device=device, dtype=torch.bfloat16)
         moved = tokens * HIDDEN * 3
-        for name, quantize in (("rows", quantize_rows), ("1 x 128 groups", quantize_groups)):
-            fn = torch.compile(lambda h, quantize=quantize: quantize(F.gelu(h)))
+        zero = torch.zeros(HIDDEN, device=device, dtype=torch.bfloat16)
+        for name, quantize in (("rows", quantize_rows), ("1 x 128 groups", quantize_groups),
+                               ("1 x 128 groups, the project's kernel", None)):
+            fn = torch.compile(lambda h, quantize=quantize: quantize(F.gelu(h))) if quantize else \
+                torch.compile(lambda h: torch.ops.sam3_aoti.gelu_quantize_groups(h, zero))
             ms = timed(fn, hidden)
             results["gelu_and_quantize"][name] = {"ms": round(ms, 3), "gb_per_s": round(moved / (ms * 1e-3) / 1e9),
                                                   "kernels": top_kernels(fn, hidden, 4)}

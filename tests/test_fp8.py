@@ -45,8 +45,9 @@ def test_fp8_linear_is_the_linear_to_fp8_precision():
 def test_groups_and_blocks_quantize_with_one_scale_each():
     x = torch.randn(6, 384) * torch.logspace(-3, 3, 3).repeat_interleave(128)  # groups six decades apart
     x[2, 128:256] = 0
-    q, scale = quantize_groups(x)
-    assert q.dtype == E4M3 and scale.shape == (6, 3) and scale.stride() == (1, 6)  # M-major, as the kernel reads
+    q, scales = quantize_groups(x)
+    assert q.dtype == E4M3 and scales.shape == (3, 6) and scales.is_contiguous()  # .t(): M-major, as the GEMM reads
+    scale = scales.t()
     back = q.float().reshape(6, 3, 128) * scale[..., None]
     assert torch.allclose(back.abs().amax(-1), x.reshape(6, 3, 128).abs().amax(-1), rtol=1e-6)  # group max exact
     assert (q[2, 128:256].float() == 0).all() and torch.isfinite(scale).all()
@@ -79,6 +80,27 @@ def test_the_mlps_second_linear_gets_groups_where_128_divides_it():
     assert quantize_linears(part) == 4
     assert isinstance(part.fc2, Fp8GroupLinear)
     assert all(isinstance(m, Fp8Linear) for m in (part.fc1, part.proj, part.small.fc2))
+
+
+def test_a_gelu_mlp_whose_fc2_takes_groups_becomes_one_fused_step_of_the_same_arithmetic():
+    """`Fp8Mlp` (fc1 without its bias, then bias + GELU + group quantization in the op, then fc2 on the groups)
+    gives what `Fp8Linear`, GELU and `Fp8GroupLinear` give one after the other, bit for bit (the op's torch form
+    on the CPU; its kernel: test_kernels.py)."""
+    from transformers.models.sam3.modeling_sam3 import Sam3MLP
+
+    from sam3_aoti.model.fp8 import Fp8Mlp
+
+    torch.manual_seed(0)
+    config = copy.deepcopy(tiny_config().vision_config.backbone_config)
+    config.hidden_size, config.intermediate_size = 128, 384
+    mlp = Sam3MLP(config).eval()
+    part = nn.Module()
+    part.mlp, part.other = copy.deepcopy(mlp), Sam3MLP(tiny_config().vision_config.backbone_config)  # fc2 64 wide
+    assert quantize_linears(part) == 4 and isinstance(part.mlp, Fp8Mlp) and not isinstance(part.other, Fp8Mlp)
+    x = torch.randn(2, 9, 128, dtype=torch.bfloat16)
+    unfused = Fp8GroupLinear(mlp.fc2)(torch.nn.functional.gelu(Fp8Linear(mlp.fc1)(x)))
+    with torch.no_grad():
+        assert torch.equal(part.mlp(x), unfused)
 
 
 def test_only_aligned_linears_are_swapped():
@@ -178,9 +200,11 @@ def test_the_committed_h200_fp8_verify_report_passes_todays_gates():
 
 
 @pytest.mark.gpu
-def test_a_group_linear_exports_and_aot_compiles_with_a_dynamic_token_count(tmp_path, monkeypatch):
+def test_a_group_linear_and_the_fused_mlp_export_and_aot_compile_with_a_dynamic_token_count(tmp_path, monkeypatch):
     """The blockwise product (`F.scaled_mm`, aten._scaled_mm_v2) through torch.export and AOTInductor, as a
-    precision=fp8 build takes the ViT's fc2: the compiled package equals the module at two token counts. The
+    precision=fp8 build takes the ViT's fc2, and the whole fused MLP (`Fp8Mlp`, the op
+    `sam3_aoti::gelu_quantize_groups` between its GEMMs): each compiled package equals its module at two token
+    counts. The
     C++ compiler as the toolchain stage picks it (the H200's default g++ links libstdc++ statically, and its
     AOTI wrappers crash on load: seen for this test too)."""
     import os
@@ -194,15 +218,21 @@ def test_a_group_linear_exports_and_aot_compiles_with_a_dynamic_token_count(tmp_
         import torch._inductor.config as inductor_config  # reads $CXX once, when imported
 
         monkeypatch.setattr(inductor_config.cpp, "cxx", (None, shared_libstdcxx_compilers(cxx, tmp_path / "cxx")[0]))
+    from transformers import Sam3Config
+    from transformers.models.sam3.modeling_sam3 import Sam3MLP
+
+    from sam3_aoti.model.fp8 import Fp8Mlp
+
     torch.manual_seed(0)
-    fp8 = Fp8GroupLinear(nn.Linear(4736, 1024)).cuda()
+    mlp = Fp8Mlp(Sam3MLP(Sam3Config().vision_config.backbone_config)).cuda()  # SAM3's: 1024 -> 4736 -> 1024
     tokens = torch.export.Dim("tokens", min=16)
-    example = torch.randn(2 * 5184, 4736, device="cuda", dtype=torch.bfloat16)
-    program = torch.export.export(fp8, (example,), dynamic_shapes=({0: 16 * tokens},))
-    assert any("scaled_mm" in str(node.target) for node in program.graph.nodes)
-    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "fc2.pt2"))
-    compiled = torch._inductor.aoti_load_package(package)
-    for count in (5184, 3 * 5184):
-        x = torch.randn(count, 4736, device="cuda", dtype=torch.bfloat16)
-        want = fp8(x)
-        assert (compiled(x).float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()
+    for name, fp8, width in (("fc2", Fp8GroupLinear(nn.Linear(4736, 1024)).cuda(), 4736), ("mlp", mlp, 1024)):
+        example = torch.randn(2 * 5184, width, device="cuda", dtype=torch.bfloat16)
+        program = torch.export.export(fp8, (example,), dynamic_shapes=({0: 16 * tokens},))
+        assert any("scaled_mm" in str(node.target) for node in program.graph.nodes)
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / f"{name}.pt2"))
+        compiled = torch._inductor.aoti_load_package(package)
+        for count in (5184, 3 * 5184):
+            x = torch.randn(count, width, device="cuda", dtype=torch.bfloat16)
+            want = fp8(x)
+            assert (compiled(x).float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max(), name

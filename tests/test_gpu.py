@@ -155,3 +155,25 @@ def test_the_attention_kernel_on_cuda_is_sdpa_eager_and_compiled(biased):
     for got in (op(q, k, v, *tables), torch.compile(op, fullgraph=True)(q, k, v, *tables)):
         assert got.shape == (pairs, queries, heads, 32) and got.dtype == torch.bfloat16
         assert float((got.float() - want.transpose(1, 2)).abs().max()) < 2e-2 * float(want.abs().max())
+
+
+@pytest.mark.gpu
+def test_the_gelu_group_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
+    """`runtime.gelu_groups` on the GPU, as a precision=fp8 build's MLP runs it: the op (eager and under
+    torch.compile, which compiles the Triton kernel as AOTInductor does) on fc1's bf16 product at SAM3's width
+    (4736) against its torch form, row counts that fill a block and that do not."""
+    import torch
+
+    from sam3_aoti.runtime import gelu_groups
+
+    torch.manual_seed(0)
+    for rows in (5184, 5184 * 3 + 7):
+        x = torch.randn(rows, 4736, device="cuda", dtype=torch.bfloat16) * 3
+        bias = torch.randn(4736, device="cuda", dtype=torch.bfloat16)
+        want_values, want_scales = gelu_groups.reference(x, bias)
+        op = torch.ops.sam3_aoti.gelu_quantize_groups
+        for values, scales in (op(x, bias), torch.compile(op, fullgraph=True)(x, bias)):
+            assert values.dtype == torch.float8_e4m3fn and scales.shape == (4736 // 128, rows)
+            torch.testing.assert_close(scales, want_scales, rtol=1e-2, atol=0)
+            same = (values.view(torch.uint8) == want_values.view(torch.uint8)).float().mean().item()
+            assert same > 0.999, same  # erf a unit in the last place off rounds a rare GELU the other way

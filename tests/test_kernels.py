@@ -1,4 +1,4 @@
-"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py) against their reference, in
+"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py, runtime/gelu_groups.py) against their reference, in
 Triton's CPU interpreter (tests/test_gpu.py runs them compiled on CUDA)."""
 
 import os
@@ -58,5 +58,42 @@ def test_the_attention_kernel_is_sdpa_in_tritons_interpreter():
     that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
     pytest.importorskip("triton")
     proc = subprocess.run([sys.executable, "-c", ATTENTION_KERNEL_CHECK], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+GELU_GROUPS_KERNEL_CHECK = """
+import numpy as np
+import torch
+import triton.language as tl
+from triton._C.libtriton import ir
+from triton.runtime.interpreter import _convert_float  # the interpreter's own fp8 cast (see the test)
+from sam3_aoti.runtime.gelu_groups import launch_gelu_groups, reference
+torch.manual_seed(0)
+for m, k in [(37, 256), (64, 384), (1, 128)]:  # rows that fill a program's block and rows that do not
+    x = (torch.randn(m, k) * torch.logspace(-2, 1, k // 128).repeat_interleave(128)).half()
+    x[0, :128] = -20.0  # a group GELU takes to zero
+    bias = torch.randn(k).half()
+    (values, scales), (_, want_scales) = launch_gelu_groups(x, bias), reference(x, bias)
+    assert values.dtype == torch.float8_e4m3fn and values.shape == (m, k) and scales.shape == (k // 128, m)
+    torch.testing.assert_close(scales, want_scales, rtol=2e-3, atol=0)  # a GELU a step off may own a max
+    quotients = (torch.nn.functional.gelu(x + bias).float().reshape(m, -1, 128) / want_scales.t()[..., None])
+    cast = _convert_float(quotients.clamp(-448, 448).numpy(), tl.float32, tl.float8e4nv, ir.ROUNDING_MODE.RTNE)
+    same = (np.frombuffer(cast.tobytes(), np.uint8).reshape(m, k) == values.view(torch.uint8).numpy()).mean()
+    assert same > 0.999, same  # erf a unit in the last place off can round a value's GELU the other way
+print("ok")
+"""
+
+
+@pytest.mark.slow  # a process of its own under Triton's interpreter
+def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpreter():
+    """The Triton kernel of the op `sam3_aoti::gelu_quantize_groups` (the fp8 MLP's bias, GELU and 1 x 128 group
+    quantization in one pass), run by Triton's CPU interpreter, gives the e4m3 values and scales of its torch
+    form (`reference`), for row counts that fill a program's block and that do not, groups decades apart in
+    magnitude and one that GELU zeroes. The interpreter's casts are not CUDA's (it truncates to bf16, and its
+    e4m3 rounding drops the carry into the exponent), so the input is fp16 and each value is held to the
+    interpreter's own round-to-nearest cast of the torch form's quotient: what is under test is the kernel's
+    arithmetic and layout up to the cast; tests/test_gpu.py checks bf16 and the cast against torch on CUDA."""
+    pytest.importorskip("triton")
+    proc = subprocess.run([sys.executable, "-c", GELU_GROUPS_KERNEL_CHECK], capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

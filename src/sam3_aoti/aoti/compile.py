@@ -108,7 +108,7 @@ def load_program(archive: Path, name: str):
     program's load (20 s for the tiny model's five on a CPU), and a compile worker needs only its own."""
     from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
 
-    from ..runtime import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the program may call)
+    from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
 
     with PT2ArchiveReader(str(archive)) as reader:
         return _load_exported_programs(reader, [f"models/{name}.json"], None)[name]

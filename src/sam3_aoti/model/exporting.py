@@ -103,7 +103,7 @@ def load_programs(archive) -> dict:
 
     from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
 
-    from ..runtime import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the programs may call)
+    from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
     from ..runtime.archive import archive_entries
 
     with zipfile.ZipFile(archive) as zf:
@@ -119,16 +119,18 @@ def custom_ops_in(program) -> set[str]:
 
 
 def portable(programs: dict) -> dict:
-    """The programs with `sam3_aoti::attention` and `sam3_aoti::box_bias_mlp` written out as the torch ops they
-    compute (their reference forms, what they run off CUDA): the fallback then deserializes where only torch is
-    installed (the kernels are the AOTI models' business). Programs without them stay as they are."""
+    """The programs with the project's ops (`sam3_aoti::attention`, `::box_bias_mlp`, `::gelu_quantize_groups`)
+    written out as the torch ops they compute (their reference forms, what they run off CUDA): the fallback then
+    deserializes where only torch is installed (the kernels are the AOTI models' business). Programs without them
+    stay as they are."""
     import torch
 
-    from ..runtime import attention, box_bias
+    from ..runtime import attention, box_bias, gelu_groups
 
     table = {torch.ops.sam3_aoti.attention.default: attention.reference,
              torch.ops.sam3_aoti.box_bias_mlp.default:
-                 lambda deltas, w1, b1, w2, b2: box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous()}
+                 lambda deltas, w1, b1, w2, b2: box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous(),
+             torch.ops.sam3_aoti.gelu_quantize_groups.default: gelu_groups.reference}
     out = {}
     for name, program in programs.items():
         out[name] = program.run_decompositions(table) if custom_ops_in(program) else program

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
-MIN_SCALE_AMAX = 1e-12  # an all-zero row gets a finite scale (its values quantize to 0 all the same)
-GROUP = 128  # the side of a scale's group (activations: 1 x GROUP) and block (weights: GROUP x GROUP)
+from ..runtime import gelu_groups  # noqa: F401  registers the op sam3_aoti::gelu_quantize_groups
+from ..runtime.gelu_groups import E4M3, E4M3_MAX, GROUP, MIN_SCALE_AMAX, quantize_groups
+
+# GROUP: the side of a scale's group (activations: 1 x GROUP, `quantize_groups`) and block (weights: GROUP x GROUP)
 GROUPED = ("fc2",)  # the linears whose input is quantized in groups: the MLP's, after GELU
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper have fp8 tensor cores; _scaled_mm refuses older GPUs
 
@@ -32,16 +32,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=MIN_SCALE_AMAX)
     scale = amax / E4M3_MAX
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
-
-
-def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x [M, K]` -> (e4m3 values, fp32 scales `[M, K / 128]`, one per 1 x 128 group, laid out M-major as the
-    blockwise GEMM reads them)."""
-    m, k = x.shape
-    groups = x.float().reshape(m, k // GROUP, GROUP)
-    scale = groups.abs().amax(-1, keepdim=True).clamp(min=MIN_SCALE_AMAX) / E4M3_MAX
-    values = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(m, k)
-    return values, scale.reshape(m, k // GROUP).t().contiguous().t()
 
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,8 +87,13 @@ class Fp8GroupLinear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        groups, scale = quantize_groups(x.reshape(-1, self.in_features))
-        blocks = self.in_features // GROUP
+        return self.on_groups(*quantize_groups(x.reshape(-1, self.in_features))).reshape(*x.shape[:-1],
+                                                                                        self.out_features)
+
+    def on_groups(self, groups: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """The product with the bias added, of an input already quantized: `groups [M, K]` e4m3, `scales [K / 128,
+        M]` (`quantize_groups`)."""
+        scale, blocks = scales.t(), self.in_features // GROUP  # [M, K/128], M-major as the kernel reads it
         if groups.is_cuda:
             out = nn.functional.scaled_mm(groups, self.weight.t(), scale, nn.functional.ScalingType.BlockWise1x128,
                                           self.weight_scale.t(), nn.functional.ScalingType.BlockWise128x128,
@@ -108,21 +103,52 @@ class Fp8GroupLinear(nn.Module):
             weight = self.weight.float().reshape(-1, GROUP, blocks, GROUP) \
                 * self.weight_scale[:, None, :blocks, None]
             out = (rows @ weight.reshape(self.out_features, self.in_features).t()).to(torch.bfloat16)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out + self.bias if self.bias is not None else out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 1x128 groups"
 
 
+class Fp8Mlp(nn.Module):
+    """A GELU MLP (transformers' `Sam3MLP`: fc1, GELU, fc2) whose fc2 takes groups: fc1's product row-wise fp8
+    without its bias, then the bias, the GELU and the 1 x 128 group quantization of the result in one kernel
+    (the op `sam3_aoti::gelu_quantize_groups`, `runtime.gelu_groups`), then fc2's blockwise product on those groups.
+    The same arithmetic as `Fp8Linear`, GELU and `Fp8GroupLinear` one after the other, without the GELU's output
+    written in bf16 and read back to be quantized."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        self.fc1, self.fc2 = Fp8Linear(mlp.fc1), Fp8GroupLinear(mlp.fc2)
+        self.fc1_bias = self.fc1.bias if self.fc1.bias is not None else torch.zeros(
+            mlp.fc1.out_features, dtype=torch.bfloat16)
+        self.fc1.bias = None  # added in the kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.fc1(x).reshape(-1, self.fc1.out_features)
+        groups, scales = torch.ops.sam3_aoti.gelu_quantize_groups(hidden, self.fc1_bias)
+        return self.fc2.on_groups(groups, scales).reshape(*x.shape[:-1], self.fc2.out_features)
+
+
+def fuses_into_fp8_mlp(module: nn.Module) -> bool:
+    """A GELU MLP (erf GELU, as the ViT's) whose fc2 takes 1 x 128 groups: what `Fp8Mlp` replaces."""
+    fc1, fc2, act = (getattr(module, n, None) for n in ("fc1", "fc2", "activation_fn"))
+    gelu = type(act).__name__ == "GELUActivation" and getattr(act, "act", None) is nn.functional.gelu
+    return (gelu and isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear) and "fc2" in GROUPED
+            and fc1.out_features == fc2.in_features and fc2.in_features % GROUP == 0
+            and fc2.out_features % GROUP == 0 and fc1.in_features % 16 == 0 and fc1.out_features % 16 == 0)
+
+
 def quantize_linears(part: nn.Module) -> int:
     """Swap every `nn.Linear` inside `part` for an `Fp8Linear`, or an `Fp8GroupLinear` where it is one of
-    `GROUPED` and both its sizes are multiples of 128 (in place); returns how many. Layers whose sizes are not
-    multiples of 16 (the fp8 GEMM's alignment) stay as they are."""
+    `GROUPED` and both its sizes are multiples of 128, and a GELU MLP whose fc2 so takes groups for an `Fp8Mlp` (in
+    place); returns how many linears. Layers whose sizes are not multiples of 16 (the fp8 GEMM's alignment) stay as
+    they are."""
     swapped = 0
     for name, child in list(part.named_children()):
-        if isinstance(child, nn.Linear):
+        if fuses_into_fp8_mlp(child):
+            setattr(part, name, Fp8Mlp(child))
+            swapped += 2
+        elif isinstance(child, nn.Linear):
             if name in GROUPED and child.in_features % GROUP == 0 and child.out_features % GROUP == 0:
                 setattr(part, name, Fp8GroupLinear(child))
                 swapped += 1

@@ -235,7 +235,7 @@ def models_of(metadata: dict) -> tuple[str, ...]:
 def load_exported(path: Path, trust: bool = False, built_for: str = "") -> dict:
     """The exported programs from the fallback archive beside the package (`built_for`: where the package was
     built, for the error line when they do not load here either)."""
-    from . import attention, box_bias  # noqa: F401  (register the sam3_aoti ops the programs may call)
+    from . import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs may call)
 
     fallback = fallback_of(path)
     if not fallback.is_file():
