@@ -327,8 +327,11 @@ def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     from sam3_aoti.batch import Segmenter, decode_batch, encode_masks
 
     paths = write_photos(tmp_path / "photos")[:3]
-    decoded = decode_batch({"source": np.array([str(p) for p in paths])}).to_pydict()
-    found = Segmenter(str(package_path), list(PROMPTS), float(THRESHOLD))(decoded)
+    decoded = decode_batch({"source": np.array([str(p) for p in paths])})
+    segmenter = Segmenter(str(package_path), list(PROMPTS), float(THRESHOLD))
+    found = segmenter(decoded)  # the Arrow table, its pixels read in place, as segment's actors take it
+    by_columns = segmenter(decoded.to_pydict())  # or its columns
+    assert found.drop_columns(["seconds"]).equals(by_columns.drop_columns(["seconds"]))
     result = encode_masks(found.slice(1)).to_pylist()  # a slice, as Ray may hand a block on
     assert [r["source"] for r in result] == [str(p) for p in paths[1:]]
     assert all(r["error"] == "" and r["width"] > 0 for r in result)

@@ -20,13 +20,13 @@ class WhereAmI:
         self.pause, self.gpus = pause, [str(g) for g in ray.get_gpu_ids()]
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch) -> dict:  # the decoded batch as an Arrow table, as the pool hands it to Segmenter
         import time
 
         time.sleep(self.pause)  # long enough that the pool hands every actor batches
-        n = len(batch["source"])
-        return {"source": batch["source"], "pid": [os.getpid()] * n, "gpus": [",".join(self.gpus)] * n,
-                "visible": [self.visible] * n}
+        sources = batch.column("source").to_pylist()
+        return {"source": sources, "pid": [os.getpid()] * len(sources), "gpus": [",".join(self.gpus)] * len(sources),
+                "visible": [self.visible] * len(sources)}
 
 
 @pytest.mark.slow  # a local Ray

@@ -259,6 +259,6 @@ def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors
     # batch inference; the model itself runs one batch at a time).
     pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
         if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
-    found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="numpy",
+    found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
                                 compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
     return found, actors

@@ -33,6 +33,15 @@ def decode_batch(batch: dict):
     return pa.Table.from_pydict(out, schema=decoded_schema())
 
 
+def columns_of(batch) -> tuple:
+    """(sources, widths, heights, errors, each image's pixel bytes) of a decoded batch: `decode_batch`'s Arrow
+    table, whose pixels are then views of its buffers (no copy), or a dict of its columns."""
+    if isinstance(batch, dict):
+        return batch["source"], batch["width"], batch["height"], batch["error"], batch["pixels"]
+    return (*(batch.column(name).to_pylist() for name in ("source", "width", "height", "error")),
+            [value.as_buffer() for value in batch.column("pixels")])
+
+
 def coco_counts(bits, height: int, width: int) -> str:
     """A mask packed into bits column by column (`postprocess.pack_bits`) as COCO's compressed run-length `counts`
     (pycocotools' own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode`
@@ -124,7 +133,9 @@ class Segmenter:
                 normalized = normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
                 self.exemplars = encode_exemplars(self.package, normalized, drawn_on, self.device)
 
-    def __call__(self, batch: dict):
+    def __call__(self, batch):
+        """`batch`: `decode_batch`'s table (its pixels are then read where Ray's object store holds them, uncopied)
+        or a dict of its columns."""
         import warnings
 
         import pyarrow as pa
@@ -134,15 +145,16 @@ class Segmenter:
         from ..runtime.postprocess import batch_instances, to_tensor
 
         t0 = time.perf_counter()
-        sizes = [(int(h), int(w)) for h, w in zip(batch["height"], batch["width"])]
-        good = [i for i, error in enumerate(batch["error"]) if not error]
+        sources, widths, heights, errors, pixel_bytes = columns_of(batch)
+        sizes = [(int(h), int(w)) for h, w in zip(heights, widths)]
+        good = [i for i, error in enumerate(errors) if not error]
         found = {}
         if good:
             with torch.inference_mode(), warnings.catch_warnings():
                 # the decoded bytes, read in place (never written: they are copied to the device, or into floats)
                 warnings.filterwarnings("ignore", "The given buffer is not writable")
                 pixels = torch.cat([self.package.transforms(to_tensor(
-                    torch.frombuffer(batch["pixels"][i], dtype=torch.uint8).view(*sizes[i], 3), self.device))
+                    torch.frombuffer(pixel_bytes[i], dtype=torch.uint8).view(*sizes[i], 3), self.device))
                     for i in good])
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
                 kept = batch_instances(outputs, self.prompts, [sizes[i] for i in good], self.threshold)
@@ -152,7 +164,7 @@ class Segmenter:
                             for inst in image]
         seconds = (time.perf_counter() - t0) / max(len(good), 1)
         return pa.Table.from_pydict({
-            "source": [str(s) for s in batch["source"]], "width": [w for _, w in sizes],
-            "height": [h for h, _ in sizes], "error": [str(e) for e in batch["error"]],
+            "source": [str(s) for s in sources], "width": [w for _, w in sizes],
+            "height": [h for h, _ in sizes], "error": [str(e) for e in errors],
             "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
             "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())
