@@ -45,41 +45,41 @@ def test_the_package_stores_the_weights_once_and_no_exported_program(package_pat
     assert package_path.stat().st_size <= 1.05 * (sum(blobs.values()) + code + extra)
 
 
-@pytest.mark.parametrize("layout", ["as built", "not adding up to the blob"])
-def test_weights_are_read_in_place_from_the_package_as_the_blob_file_gives_them(package_path, tmp_path, monkeypatch,
-                                                                               layout):
+def test_weights_are_read_in_place_from_the_package_as_the_blob_file_gives_them(package_path, tmp_path, monkeypatch):
     """A package whose digest matched builds its weights straight from its own bytes, by the layout its metadata
     records (`runtime.constants`): no weights blob is written out. Its models give what the blob file gives
-    them (a trusted copy with no digest loads that way), bit for bit. A layout that does not add up to the blob
-    is not used: the blob file is."""
+    them (a trusted copy with no digest loads that way), bit for bit. A layout that does not add up to its blob
+    is not used: that blob is unpacked."""
     from sam3_aoti.runtime import reader
     from sam3_aoti.runtime.integrity import write_digest
 
     from helpers import rewrite_package
 
-    def edit(name, data):
-        if layout != "as built" and name.endswith("extra/metadata.json"):
+    def short_layout(name, data):
+        if name.endswith("extra/metadata.json"):
             metadata = json.loads(data)
             metadata["weights_layout"]["model"].pop()
             return json.dumps(metadata).encode()
         return data
 
-    package = rewrite_package(package_path, tmp_path / "sam3.pt2", edit)
-    write_digest(package)
-    trusted = tmp_path / "trusted" / "sam3.pt2"
+    trusted, short = tmp_path / "trusted" / "sam3.pt2", rewrite_package(package_path, tmp_path / "short.pt2", short_layout)
+    write_digest(short)
     trusted.parent.mkdir()
-    shutil.copy(package, trusted)
-    shutil.copy(fallback_of(package), fallback_of(trusted))
+    shutil.copy(package_path, trusted)
+    shutil.copy(fallback_of(package_path), fallback_of(trusted))
     unpacked, real_copy = [], reader.PackageFile.copy_entry
     monkeypatch.setattr(reader.PackageFile, "copy_entry",
                         lambda self, inner, dst: unpacked.append(inner) or real_copy(self, inner, dst))
-    in_place = load_package(package)
-    blobs = sorted(name.split("/")[2] for name in unpacked if name.endswith("_weights.blob"))
+
+    def blobs_unpacked_by(path, **trust) -> list[str]:
+        unpacked.clear()
+        load_package(path, **trust)
+        return sorted(name.split("/")[2] for name in unpacked if name.endswith("_weights.blob"))
+
+    assert blobs_unpacked_by(short) == ["model"]
+    in_place, from_files = load_package(package_path), load_package(trusted, trust=True)
     assert sorted(in_place.metadata["weights_layout"]) == ["encode_boxes", "model"]
-    assert blobs == ([] if layout == "as built" else ["model"])
-    unpacked.clear()
-    from_files = load_package(trusted, trust=True)
-    assert sorted(name.split("/")[2] for name in unpacked if name.endswith("_weights.blob")) == ["encode_boxes", "model"]
+    assert blobs_unpacked_by(package_path) == [] and blobs_unpacked_by(trusted, trust=True) == ["encode_boxes", "model"]
     images, token_ids = example_inputs(tiny_config(), 2, 3, seed=4)
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.3]], [[0.3, 0.6, 0.1, 0.1]]])
     with torch.no_grad():
