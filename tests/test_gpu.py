@@ -177,3 +177,19 @@ def test_the_gelu_group_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
             torch.testing.assert_close(scales, want_scales, rtol=1e-2, atol=0)
             same = (values.view(torch.uint8) == want_values.view(torch.uint8)).float().mean().item()
             assert same > 0.999, same  # erf a unit in the last place off rounds a rare GELU the other way
+
+
+@pytest.mark.gpu
+def test_pixels_reach_the_gpu_unchanged_through_pinned_memory_without_a_wait():
+    """`postprocess.to_tensor` to CUDA (pinned memory, an asynchronous copy) gives the CPU's floats, for images one
+    after another (a pinned block reused only once its copy is done)."""
+    import numpy as np
+    import torch
+
+    from sam3_aoti.runtime.postprocess import to_tensor
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(1008, 1344), (3000, 4000), (7, 5)] * 3]
+    on_gpu = [to_tensor(image, "cuda") for image in images]
+    for image, tensor in zip(images, on_gpu):
+        assert tensor.is_cuda and torch.equal(tensor.cpu(), to_tensor(image))

@@ -61,11 +61,12 @@ def batch_instances(outputs, prompts: list[str], sizes: list[tuple[int, int]],
     s = scores(outputs)
     host_scores, keep = to_host(s.float(), s >= threshold)
     pair, query = np.nonzero(keep)  # row-major: by image, then prompt, then query, as `instances` finds them
-    on_device = torch.from_numpy(np.stack([pair, query])).to(masks.device)
+    on_device = torch.from_numpy(np.stack([pair, query])).to(masks.device)  # the one upload
     bits, areas, per = [], [], len(prompts)
+    starts = np.searchsorted(pair, np.arange(len(sizes) + 1) * per)  # each image's kept queries: a range of them
     for b, (h, w) in enumerate(sizes):
-        mine = torch.from_numpy(np.flatnonzero(pair // per == b)).to(masks.device)
-        for chunk in resized(masks[on_device[0, mine], on_device[1, mine]], h, w):
+        mine = on_device[:, starts[b]:starts[b + 1]]
+        for chunk in resized(masks[mine[0], mine[1]], h, w):
             columns = chunk.transpose(1, 2).flatten(1)  # column-major, as COCO counts
             areas.append(columns.sum(1))
             bits.append(pack_bits(columns).flatten())
@@ -97,15 +98,13 @@ def pixel_box(box, h: int, w: int) -> tuple[float, float, float, float]:
     return (cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h
 
 
-BIT_ORDER = (7, 6, 5, 4, 3, 2, 1, 0)  # the first of 8 values in the high bit, as numpy.packbits
-
-
 def pack_bits(rows) -> torch.Tensor:
-    """Bool [K, N] -> uint8 [K, ceil(N / 8)], eight values a byte (numpy.packbits' order; the last byte padded
-    with 0s): an eighth of the bytes to bring back."""
+    """Bool [K, N] -> uint8 [K, ceil(N / 8)], eight values a byte, the first in the high bit (numpy.packbits'
+    order; the last byte padded with 0s): an eighth of the bytes to bring back."""
     k, n = rows.shape
     eights = F.pad(rows.to(torch.uint8), (0, -n % 8)).view(k, -1, 8)
-    return (eights << torch.tensor(BIT_ORDER, dtype=torch.uint8, device=rows.device)).sum(-1, dtype=torch.uint8)
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=rows.device)  # made there: no upload, no wait
+    return (eights << shifts).sum(-1, dtype=torch.uint8)
 
 
 def cat(tensors: list, dtype) -> torch.Tensor:
@@ -159,8 +158,13 @@ def overlay(image: np.ndarray, found: list[Instance], title: str, exemplars=()):
 
 def to_tensor(image, device="cpu") -> torch.Tensor:
     """HxWx3 uint8 (a numpy array or a tensor) -> [1,3,H,W] float in [0, 255], the `transforms` input. The bytes
-    go to the device as they are, a quarter of float32's, and become floats there."""
+    go to the device as they are, a quarter of float32's, and become floats there. To a GPU they go through pinned
+    memory, copied without a wait: a copy from pageable memory first waits for everything queued on the stream
+    (in segment's actor, the other batch's model)."""
     pixels = torch.from_numpy(image) if isinstance(image, np.ndarray) else image
+    if torch.device(device).type == "cuda":
+        pinned = torch.empty(pixels.shape, dtype=pixels.dtype, pin_memory=True)  # torch's cached pinned blocks
+        pixels = pinned.copy_(pixels).to(device, non_blocking=True)  # the block is reused once the copy is done
     return pixels.to(device).permute(2, 0, 1)[None].float().contiguous()
 
 
