@@ -98,7 +98,7 @@ def test_an_entry_is_copied_out_byte_for_byte_by_the_kernel_only_when_stored_and
     assert len(ranges) == (1 if compression == zipfile.ZIP_STORED else 0)
 
 
-def test_a_kernel_copy_falls_back_to_sendfile_across_file_systems(tmp_path, monkeypatch):
+def test_a_kernel_copy_falls_back_to_blocks_across_file_systems(tmp_path, monkeypatch):
     import errno
 
     from sam3_aoti.runtime import reader

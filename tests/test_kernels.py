@@ -1,5 +1,5 @@
-"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py, runtime/gelu_groups.py) against their reference, in
-Triton's CPU interpreter (tests/test_gpu.py runs them compiled on CUDA)."""
+"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py, runtime/gelu_groups.py) against their
+reference, in Triton's CPU interpreter (tests/test_gpu.py runs them compiled on CUDA)."""
 
 import os
 import subprocess

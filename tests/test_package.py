@@ -62,7 +62,8 @@ def test_weights_are_read_in_place_from_the_package_as_the_blob_file_gives_them(
             return json.dumps(metadata).encode()
         return data
 
-    trusted, short = tmp_path / "trusted" / "sam3.pt2", rewrite_package(package_path, tmp_path / "short.pt2", short_layout)
+    trusted = tmp_path / "trusted" / "sam3.pt2"
+    short = rewrite_package(package_path, tmp_path / "short.pt2", short_layout)
     write_digest(short)
     trusted.parent.mkdir()
     shutil.copy(package_path, trusted)

@@ -187,7 +187,7 @@ class PackageFile:
                                  "is done")
 
 
-LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip entry's local header: its signature, then its name's and extra's lengths
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip entry's local header: its signature, its name's and extra's lengths
 
 
 def stored_data_offset(file, info: zipfile.ZipInfo) -> int | None:
@@ -207,16 +207,23 @@ def stored_data_offset(file, info: zipfile.ZipInfo) -> int | None:
 
 
 def copy_range(src: int, dst: int, offset: int, count: int) -> None:
-    """`count` bytes of the file `src` from `offset` appended to `dst`, copied in the kernel (copy_file_range,
-    else sendfile); EOFError if `src` ends first."""
+    """`count` bytes of the file `src` from `offset` appended to `dst`: copied in the kernel (copy_file_range, on
+    Linux), else read and written in blocks; EOFError if `src` ends first."""
+    kernel = getattr(os, "copy_file_range", None)
     while count:
         try:
-            done = os.copy_file_range(src, dst, count, offset)
+            done = kernel(src, dst, count, offset) if kernel else _copy_block(src, dst, offset, count)
         except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            if kernel is None or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            done = os.sendfile(dst, src, offset, count)
+            kernel = None  # another file system, or an old kernel: blocks
+            continue
         if done == 0:
             raise EOFError(f"{count} bytes short")
         offset, count = offset + done, count - done
 
+
+def _copy_block(src: int, dst: int, offset: int, count: int) -> int:
+    block = os.pread(src, min(count, 1 << 24), offset)
+    os.write(dst, block)  # a regular file takes a write whole
+    return len(block)
