@@ -97,6 +97,7 @@ def test_a_gelu_mlp_whose_fc2_takes_groups_becomes_one_fused_step_of_the_same_ar
     part = nn.Module()
     part.mlp, part.other = copy.deepcopy(mlp), Sam3MLP(tiny_config().vision_config.backbone_config)  # fc2 64 wide
     assert quantize_linears(part) == 4 and isinstance(part.mlp, Fp8Mlp) and not isinstance(part.other, Fp8Mlp)
+    assert "mlp.fc1_bias" in dict(part.named_buffers()) and part.mlp.fc1.bias is None  # moves with .to(device)
     x = torch.randn(2, 9, 128, dtype=torch.bfloat16)
     unfused = Fp8GroupLinear(mlp.fc2)(torch.nn.functional.gelu(Fp8Linear(mlp.fc1)(x)))
     with torch.no_grad():

@@ -119,9 +119,9 @@ class Fp8Mlp(nn.Module):
     def __init__(self, mlp: nn.Module):
         super().__init__()
         self.fc1, self.fc2 = Fp8Linear(mlp.fc1), Fp8GroupLinear(mlp.fc2)
-        self.fc1_bias = self.fc1.bias if self.fc1.bias is not None else torch.zeros(
-            mlp.fc1.out_features, dtype=torch.bfloat16)
-        self.fc1.bias = None  # added in the kernel
+        bias = self.fc1.bias if self.fc1.bias is not None else torch.zeros(mlp.fc1.out_features, dtype=torch.bfloat16)
+        self.register_buffer("fc1_bias", bias)  # added in the kernel, not after fc1's product
+        self.fc1.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.fc1(x).reshape(-1, self.fc1.out_features)
