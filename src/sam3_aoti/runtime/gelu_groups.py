@@ -54,7 +54,7 @@ if triton is not None:
     def _gelu_quantize_groups_kernel(x_ptr, bias_ptr, values_ptr, scales_ptr, m, k, stride_x,
                                      ROWS: tl.constexpr, GROUP: tl.constexpr, E4M3_MAX: tl.constexpr,
                                      MIN_AMAX: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # M * K passes 2^31 at 64 images
         cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
         inside = rows[:, None] < m
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=inside, other=0.0)
