@@ -10,8 +10,10 @@
 #   tuned: the same build tuned: `doit tune` from nothing (at most TUNE_LIMIT s, default 660), then compile with
 #          the tuning results (alone on the machine: the compile time with the tuning cache present), verify, and
 #          the bench of every column
-#   fp8:   precision=fp8 (the ViT's linears as fp8 GEMMs), box_path_attention = "bf16", untuned: verify against
-#          the bf16 model, then bench of the AOTI columns
+#   fp8:   first, alone on the GPU: the fp8 GPU tests (scaled products, the fused MLP's kernel and its AOT compile,
+#          pixels through pinned memory) and experiments/vit_mlp_fp8.py (one ViT MLP: bf16, fp8 rows, groups, groups
+#          with the fused GELU kernel); then precision=fp8 (the ViT's linears as fp8 GEMMs), box_path_attention =
+#          "bf16", untuned: verify against the bf16 model, then bench of the AOTI columns
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -324,7 +326,8 @@ run_all() {
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
     [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
-        -k scaled_mm)
+        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory"; step vit-mlp-fp8 \
+        scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8")
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
     [[ $parts == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
