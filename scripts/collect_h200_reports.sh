@@ -55,6 +55,9 @@ copy logs/sdpa-backends.log sdpa-backends.txt
 copy logs/attention/attention-kernel.json attention-kernel.json
 copy logs/attention/attention-kernel.md attention-kernel.md
 copy logs/attention-gpu-tests.log attention-gpu-tests.log
+copy logs/fp8-gpu-test.log fp8-gpu-tests.log
+copy logs/vit-mlp-fp8/vit-mlp-fp8.json vit-mlp-fp8.json
+copy logs/vit-mlp-fp8/vit-mlp-fp8.md vit-mlp-fp8.md
 copy nvidia-smi.txt nvidia-smi.txt
 for run in cold warm; do
     [[ -f $staging/logs/compiled-$run.json ]] && compile_facts "$staging/logs/compiled-$run.json" "$dest/compile-$run.json"
