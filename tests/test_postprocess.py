@@ -93,3 +93,15 @@ def test_bits_are_packed_as_numpy_packs_them_and_one_copy_brings_every_tensor_ba
     tensors = (torch.randn(2, 3), torch.arange(5), torch.zeros(0, dtype=torch.uint8), rows)
     for t, a in zip(tensors, postprocess.to_host(*tensors)):
         assert a.shape == tuple(t.shape) and np.array_equal(a, t.numpy())
+
+
+def test_encoding_the_masks_keeps_rows_without_instances_and_takes_an_empty_batch():
+    import pyarrow as pa
+
+    from sam3_aoti.batch.schemas import found_schema, segmented_schema
+    from sam3_aoti.batch.worker import encode_masks
+
+    assert encode_masks(pa.Table.from_pylist([], schema=found_schema())).schema == segmented_schema()
+    rows = [{"source": "broken.jpg", "width": 0, "height": 0, "error": "not an image", "seconds": 0.0, "instances": []},
+            {"source": "empty.jpg", "width": 3, "height": 2, "error": "", "seconds": 0.1, "instances": []}]
+    assert encode_masks(pa.Table.from_pylist(rows, schema=found_schema())).to_pylist() == rows
