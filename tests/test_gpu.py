@@ -180,16 +180,22 @@ def test_the_gelu_group_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
 
 
 @pytest.mark.gpu
-def test_pixels_reach_the_gpu_unchanged_through_pinned_memory_without_a_wait():
+def test_pixels_reach_the_gpu_and_results_come_back_unchanged_through_pinned_memory():
     """`postprocess.to_tensor` to CUDA (pinned memory, an asynchronous copy) gives the CPU's floats, for images one
-    after another (a pinned block reused only once its copy is done)."""
+    after another (a pinned block reused only once its copy is done); `to_host` (one copy into pinned memory,
+    waited for by an event) gives what `.cpu()` gives."""
     import numpy as np
     import torch
 
-    from sam3_aoti.runtime.postprocess import to_tensor
+    from sam3_aoti.runtime.postprocess import to_host, to_tensor
 
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(1008, 1344), (3000, 4000), (7, 5)] * 3]
     on_gpu = [to_tensor(image, "cuda") for image in images]
     for image, tensor in zip(images, on_gpu):
         assert tensor.is_cuda and torch.equal(tensor.cpu(), to_tensor(image))
+    tensors = (torch.randn(300, 200, device="cuda") * 1e3, torch.arange(7, device="cuda"),
+               torch.rand(5, 3, device="cuda") > 0.5, torch.zeros(0, dtype=torch.uint8, device="cuda"))
+    for _ in range(3):
+        for tensor, array in zip(tensors, to_host(*(t.clone() for t in tensors))):
+            assert np.array_equal(array, tensor.cpu().numpy())

@@ -61,7 +61,7 @@ def batch_instances(outputs, prompts: list[str], sizes: list[tuple[int, int]],
     s = scores(outputs)
     host_scores, keep = to_host(s.float(), s >= threshold)
     pair, query = np.nonzero(keep)  # row-major: by image, then prompt, then query, as `instances` finds them
-    on_device = torch.from_numpy(np.stack([pair, query])).to(masks.device)  # the one upload
+    on_device = to_device(torch.from_numpy(np.stack([pair, query])), masks.device)  # the one upload
     bits, areas, per = [], [], len(prompts)
     starts = np.searchsorted(pair, np.arange(len(sizes) + 1) * per)  # each image's kept queries: a range of them
     for b, (h, w) in enumerate(sizes):
@@ -115,10 +115,19 @@ NUMPY_TYPES = {torch.float32: np.float32, torch.int64: np.int64, torch.uint8: np
 
 
 def to_host(*tensors) -> list[np.ndarray]:
-    """Tensors of one device as numpy arrays, brought to the host in one copy (one wait for the device)."""
+    """Tensors of one device as numpy arrays, brought to the host in one copy. On a GPU the copy lands in pinned
+    memory and the wait is for an event recorded after it: for the work queued before it, not for what another
+    thread queued on the stream since (in segment's actor, the other batch's model)."""
     raw = [t.contiguous().flatten().view(torch.uint8) for t in tensors]
     device = next((t.device for t in tensors if t.numel()), torch.device("cpu"))  # an empty one may be the CPU's
-    host = torch.cat([r.to(device) for r in raw]).cpu()
+    flat = torch.cat([r.to(device) for r in raw])
+    if flat.is_cuda:
+        host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True).copy_(flat, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        copied.synchronize()
+    else:
+        host = flat
     arrays, at = [], 0
     for t, r in zip(tensors, raw):
         arrays.append(host[at:at + r.numel()].numpy().view(NUMPY_TYPES[t.dtype]).reshape(tuple(t.shape)))
@@ -156,16 +165,21 @@ def overlay(image: np.ndarray, found: list[Instance], title: str, exemplars=()):
     return picture
 
 
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A CPU tensor on `device`. To a GPU through pinned memory, copied without a wait: a copy from pageable memory
+    first waits for everything queued on the stream (in segment's actor, the other batch's model). The pinned
+    block is torch's cached one, reused once the copy is done."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return pinned.copy_(tensor).to(device, non_blocking=True)
+
+
 def to_tensor(image, device="cpu") -> torch.Tensor:
     """HxWx3 uint8 (a numpy array or a tensor) -> [1,3,H,W] float in [0, 255], the `transforms` input. The bytes
-    go to the device as they are, a quarter of float32's, and become floats there. To a GPU they go through pinned
-    memory, copied without a wait: a copy from pageable memory first waits for everything queued on the stream
-    (in segment's actor, the other batch's model)."""
+    go to the device as they are (`to_device`), a quarter of float32's, and become floats there."""
     pixels = torch.from_numpy(image) if isinstance(image, np.ndarray) else image
-    if torch.device(device).type == "cuda":
-        pinned = torch.empty(pixels.shape, dtype=pixels.dtype, pin_memory=True)  # torch's cached pinned blocks
-        pixels = pinned.copy_(pixels).to(device, non_blocking=True)  # the block is reused once the copy is done
-    return pixels.to(device).permute(2, 0, 1)[None].float().contiguous()
+    return to_device(pixels, device).permute(2, 0, 1)[None].float().contiguous()
 
 
 def scores(outputs) -> torch.Tensor:
