@@ -21,8 +21,9 @@ def run_prompts(package, pixels, token_ids, exemplars=None, features=None):
 
 def check_request(prompts: list[str], boxes: list, threshold: float, boxes_on=None) -> None:
     """What predict and segment are asked, in one line before anything loads: a prompt or a box, the threshold,
-    every prompt tokenizable."""
-    from .tokenizer import encode_prompts
+    every prompt tokenizable (by the tokenizer alone: segment's driver never imports torch, a second of its
+    start-up)."""
+    from .tokenizer import ClipTokenizer
 
     if not 0.0 <= threshold <= 1.0:
         raise InputError(f"threshold {threshold} is not between 0 and 1 (--threshold)")
@@ -31,7 +32,7 @@ def check_request(prompts: list[str], boxes: list, threshold: float, boxes_on=No
     if boxes_on and not boxes:
         raise InputError(f"{boxes_on} is the image exemplar boxes are drawn on, and no box was given: add --box")
     if prompts:
-        encode_prompts(list(prompts))
+        ClipTokenizer.bundled()(list(prompts))
 
 
 def encode_exemplars(package, normalized: tuple, drawn_on, device: str, features=None):
