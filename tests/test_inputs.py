@@ -181,3 +181,11 @@ def test_predict_takes_a_negative_box_as_a_box():
 
     assert boxes_as_values(["predict", "p", "--box", "-5,10,50,60", "--negative-box", "-.5,1,2,3", "--prompt", "-x"]) \
         == ["predict", "p", "--box=-5,10,50,60", "--negative-box=-.5,1,2,3", "--prompt", "-x"]
+
+
+def test_a_request_is_checked_without_importing_torch():
+    """segment's driver checks the prompts before Ray starts, and never needs torch (a second of its start-up)."""
+    check = ("import sys; from sam3_aoti.runtime.inference import check_request; check_request(['a dog'], [], 0.5); "
+             "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
