@@ -29,3 +29,15 @@ def test_the_collection_mixes_sizes_and_formats_and_holds_broken_files(tmp_path)
     stamp = (folder / "collection.json").stat().st_mtime_ns
     assert write_collection(folder, 12, 40, 300, 3) == made  # written once
     assert (folder / "collection.json").stat().st_mtime_ns == stamp
+
+
+def test_copies_are_more_names_for_the_same_photographs(tmp_path):
+    """`copies`: each photograph under that many names (hard links), so segment times more images than were
+    written; the counts are of the images segment sees."""
+    folder = tmp_path / "collection"
+    made = write_collection(folder, 5, 40, 300, 1, copies=3)
+    photos = sorted(p for p in folder.iterdir() if p.suffix in (".jpg", ".png") and not p.name.startswith("broken"))
+    assert len(photos) == 15 and made["images"] == 15 and made["unique"] == 5 and made["jpeg"] + made["png"] == 15
+    first, twin = folder / "00000.jpg", folder / "00000-1.jpg"
+    assert twin.read_bytes() == first.read_bytes() and twin.stat().st_ino == first.stat().st_ino  # no second write
+    assert made["large"] == 3 * len(range(0, 5, LARGE_EVERY))

@@ -13,10 +13,14 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins", "hubble
 LARGE_EVERY, PNG_EVERY = 8, 3  # every 8th photograph large_width px wide, every 3rd a PNG
 
 
-def write_collection(folder: Path, count: int, min_side: int, large_width: int, broken: int) -> dict:
+def write_collection(folder: Path, count: int, min_side: int, large_width: int, broken: int, copies: int = 1) -> dict:
     """A collection like a user's, written once: `count` photographs, none alike (each short side `min_side` to
-    `min_side` + 255 px, or `large_width` px wide; PNG or JPEG), and `broken` files that are no image (a
-    truncated JPEG, an empty file, text named .png). Returns what it holds (collection.json)."""
+    `min_side` + 255 px, or `large_width` px wide; PNG or JPEG), each under `copies` names (hard links: a run
+    long enough to time, at the cost of writing `count`), and `broken` files that are no image (a truncated
+    JPEG, an empty file, text named .png). Returns what it holds (collection.json), the images as segment sees
+    them: `count` x `copies`."""
+    import os
+
     import numpy as np
     import skimage.data
     from PIL import Image, ImageOps
@@ -24,7 +28,7 @@ def write_collection(folder: Path, count: int, min_side: int, large_width: int, 
     from ..runtime.images import array_to_rgb8
 
     described = folder / "collection.json"
-    wanted = {"count": count, "min_side": min_side, "large_width": large_width, "broken": broken}
+    wanted = {"count": count, "min_side": min_side, "large_width": large_width, "broken": broken, "copies": copies}
     if described.is_file() and json.loads(described.read_text()).get("wanted") == wanted:
         return json.loads(described.read_text())
     shutil.rmtree(folder, ignore_errors=True)
@@ -42,9 +46,16 @@ def write_collection(folder: Path, count: int, min_side: int, large_width: int, 
         if i // len(sources) % 2:
             image = ImageOps.mirror(image)
         kind = "png" if i % PNG_EVERY == 1 else "jpeg"
-        image.save(folder / f"{i:05d}.{'png' if kind == 'png' else 'jpg'}", **({} if kind == "png" else {"quality": 90}))
-        kinds[kind] += 1
-        kinds["large"] += not i % LARGE_EVERY
+        path = folder / f"{i:05d}.{'png' if kind == 'png' else 'jpg'}"
+        image.save(path, **({} if kind == "png" else {"quality": 90}))
+        for copy in range(1, copies):
+            twin = path.with_name(f"{path.stem}-{copy}{path.suffix}")
+            try:
+                os.link(path, twin)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(path, twin)
+        kinds[kind] += copies
+        kinds["large"] += copies * (not i % LARGE_EVERY)
     whole = next(folder.glob("*.jpg"), None)
     for i in range(broken):
         name = folder / f"broken-{i:03d}{('.jpg', '.jpg', '.png')[i % 3]}"
@@ -54,6 +65,6 @@ def write_collection(folder: Path, count: int, min_side: int, large_width: int, 
             name.write_bytes(b"")
         else:
             name.write_text("not an image\n")
-    collection = {"wanted": wanted, "files": count + broken, **kinds}
+    collection = {"wanted": wanted, "files": count * copies + broken, "images": count * copies, "unique": count, **kinds}
     described.write_text(json.dumps(collection, indent=2) + "\n")
     return collection

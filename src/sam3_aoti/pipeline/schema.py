@@ -181,6 +181,7 @@ SCHEMA = {
         "min_side": (*_int(2, 10_000), REQUIRED),
         "large_width": (*_int(2, 20_000), REQUIRED),
         "broken": (*_int(0, 1_000_000), REQUIRED),
+        "copies": (*_int(1, 1000), OPTIONAL),
         "prompt": ((lambda v: isinstance(v, str) and v.strip() != ""), "a noun phrase", REQUIRED),
         "batch_size": (*_int(1, 1024), REQUIRED),
     }, OPTIONAL),

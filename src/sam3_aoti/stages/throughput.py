@@ -76,15 +76,18 @@ def run(settings: Settings) -> None:
 
     paths, opts = ProfilePaths.of(settings), settings.stage("throughput")
     folder = paths.root / "throughput" / "collection"
-    collection = write_collection(folder, opts["images"], opts["min_side"], opts["large_width"], opts["broken"])
-    log.info("%d photographs (%d JPEG, %d PNG; short side %d px and up, %d of them %d px wide) and %d broken files "
-             "in %s", opts["images"], collection["jpeg"], collection["png"], opts["min_side"], collection["large"],
-             opts["large_width"], opts["broken"], folder)
+    copies = opts.get("copies", 1)
+    collection = write_collection(folder, opts["images"], opts["min_side"], opts["large_width"], opts["broken"],
+                                  copies)
+    images = opts["images"] * copies
+    log.info("%d photographs (%d files under %d names each; %d JPEG, %d PNG; short side %d px and up, %d of them %d "
+             "px wide) and %d broken files in %s", images, opts["images"], copies, collection["jpeg"],
+             collection["png"], opts["min_side"], collection["large"], opts["large_width"], opts["broken"], folder)
     output = Path(tempfile.mkdtemp(prefix="segment-", dir=paths.root / "throughput"))
     try:
         with GpuBusy() as busy:
             summary = segment(str(folder), output, [opts["prompt"]], str(paths.package),
-                              batch_size=opts["batch_size"], part_images=opts["images"])
+                              batch_size=opts["batch_size"], part_images=images)
     finally:
         shutil.rmtree(output, ignore_errors=True)
     reference, column = bench_rate(paths)
@@ -92,6 +95,7 @@ def run(settings: Settings) -> None:
     data = {
         "images": summary["segmented"], "failed": summary["failed"], "min_side": opts["min_side"],
         "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")}, "large_width": opts["large_width"],
+        "files_written": opts["images"], "copies": copies,
         "prompt": opts["prompt"], "batch_size": opts["batch_size"], "actors": summary["actors"],
         "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"],
         "images_per_second": summary["images_per_second"], "steady_images_per_second": summary["steady_images_per_second"],
@@ -110,7 +114,8 @@ def run(settings: Settings) -> None:
                     f"{data['images_per_second']:.2f}", f"{data['steady_images_per_second']:.2f}",
                     dash(reference), dash(data["share_of_bench"] and f"{data['share_of_bench']:.0%}"),
                     dash(data["gpu_busy_share"] and f"{data['gpu_busy_share']:.0%}")]])
-    notes = [f"{data['date']}: `sam3-aoti segment` over {opts['images']} photographs ({collection['jpeg']} JPEG, "
+    notes = [f"{data['date']}: `sam3-aoti segment` over {images} photographs ({opts['images']} files, each under "
+             f"{copies} name(s); {collection['jpeg']} JPEG, "
              f"{collection['png']} PNG; short side {opts['min_side']} px and up, {collection['large']} of them "
              f"{opts['large_width']} px wide) and {opts['broken']} broken files ({data['failed']} listed as errors), "
              f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
