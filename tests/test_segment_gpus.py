@@ -61,6 +61,55 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch):
     assert all(g == visible for g, visible in placed.values()), placed  # what torch's "cuda" would be
 
 
+class DiesOnce(WhereAmI):
+    """A stand-in whose actor on the last GPU ends its process at its first batch, once (a marker file says so):
+    what a GPU fault or a kill does to a model actor."""
+
+    def __init__(self, pause: float, marker: str):
+        super().__init__(pause)
+        self.marker = marker
+
+    def __call__(self, batch) -> dict:
+        if self.gpus == [str(GPUS - 1)] and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return super().__call__(batch)
+
+
+@pytest.mark.slow  # a local Ray
+def test_a_killed_actor_is_restarted_on_its_gpu_and_every_image_comes_back_once(monkeypatch, tmp_path):
+    """The engine's GPU pool, as segment runs it, on a Ray with fake GPUs: the actor of one GPU dies mid-run; Ray
+    starts another on that GPU, its batch runs again, and each image's row comes back once (the dataset's own
+    exactly-once is the driver's: tests/test_segment.py kills a CPU actor under the real Segmenter)."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from sam3_aoti.batch.engine import on_model_actors
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
+    monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
+    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
+    marker = tmp_path / "died"
+    try:
+        context = ray.data.DataContext.get_current()
+        monkeypatch.setattr(context, "enable_progress_bars", False)
+        monkeypatch.setattr(context, "wait_for_min_actors_s", 300)
+        decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * GPUS)])
+        found, _ = on_model_actors(ray, decoded, DiesOnce, {"pause": 0.3, "marker": str(marker)}, "cuda", None, 2)
+        rows = found.take_all()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert marker.exists()  # an actor died
+    assert sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * GPUS))  # each once
+    on_last = {r["pid"] for r in rows if r["gpus"] == str(GPUS - 1)}
+    assert on_last, rows  # the last GPU's work was done, by the actor Ray started in the dead one's place
+    assert all(r["gpus"] == r["visible"] for r in rows)
+
+
 def test_a_cuda_package_on_a_ray_without_gpus_is_one_line():
     from sam3_aoti.batch.engine import on_model_actors
     from sam3_aoti.errors import ConfigError
