@@ -7,6 +7,32 @@ import sys
 
 import pytest
 
+RUN_CHECKS = """
+import json, sys, traceback
+for name, code in json.load(sys.stdin).items():
+    try:
+        exec(compile(code, name, "exec"), {"__name__": name})
+        print(json.dumps({name: "ok"}), flush=True)
+    except BaseException:
+        print(json.dumps({name: traceback.format_exc()[-3000:]}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str]:
+    """Each kernel check's verdict ("ok", or its traceback), all run in one process under Triton's interpreter
+    (`TRITON_INTERPRET=1`): one import of torch and Triton, not three. The tests share an xdist group."""
+    import json
+
+    pytest.importorskip("triton")
+    checks = {"box_bias": TRITON_KERNEL_CHECK, "attention": ATTENTION_KERNEL_CHECK,
+              "gelu_groups": GELU_GROUPS_KERNEL_CHECK}
+    proc = subprocess.run([sys.executable, "-c", RUN_CHECKS], input=json.dumps(checks), capture_output=True,
+                          text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    found = {k: v for line in proc.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
+    return {name: found.get(name, f"no verdict (exit {proc.returncode}): {proc.stderr[-2000:]}") for name in checks}
+
+
 TRITON_KERNEL_CHECK = """
 import torch
 from transformers.models.sam3.modeling_sam3 import Sam3DecoderMLP
@@ -20,18 +46,15 @@ for hidden, heads in [(32, 2), (256, 8), (48, 3)]:
     got = launch_box_bias(deltas, mlp.layer1.weight, mlp.layer1.bias, mlp.layer2.weight, mlp.layer2.bias)
     with torch.no_grad():
         torch.testing.assert_close(got, mlp(deltas).permute(0, 3, 1, 2), atol=1e-4, rtol=1e-5)
-print("ok")
 """
 
-@pytest.mark.slow  # a process of its own under Triton's interpreter
-def test_the_box_bias_kernel_is_the_mlp_in_tritons_interpreter():
+@pytest.mark.slow  # Triton's interpreter, in the process the three checks share
+@pytest.mark.xdist_group("triton-interpreter")
+def test_the_box_bias_kernel_is_the_mlp_in_tritons_interpreter(interpreted):
     """The Triton kernel of the op `sam3_aoti::box_bias_mlp`, run by Triton's CPU interpreter (`TRITON_INTERPRET=1`), gives the
     MLP's output in `[N, heads, Q, side]` for widths that are and are not powers of two (fp32 weights: the
     interpreter's bf16 dot is wrong; tests/test_gpu.py checks bf16 on CUDA)."""
-    pytest.importorskip("triton")
-    proc = subprocess.run([sys.executable, "-c", TRITON_KERNEL_CHECK], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    assert interpreted["box_bias"] == "ok", interpreted["box_bias"]
 
 ATTENTION_KERNEL_CHECK = """
 import torch
@@ -47,19 +70,16 @@ for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1
         got = launch_attention(q, k, v, 0.3, *bias, config=config)
         assert got.shape == (n, lq, h, d)
         torch.testing.assert_close(got, reference(q, k, v, 0.3, *bias), atol=1e-5, rtol=1e-5)
-print("ok")
 """
 
-@pytest.mark.slow  # a process of its own under Triton's interpreter
-def test_the_attention_kernel_is_sdpa_in_tritons_interpreter():
+@pytest.mark.slow  # Triton's interpreter, in the process the three checks share
+@pytest.mark.xdist_group("triton-interpreter")
+def test_the_attention_kernel_is_sdpa_in_tritons_interpreter(interpreted):
     """The Triton kernel of the op `sam3_aoti::attention`, run by Triton's CPU interpreter, is SDPA on strided
     `[B, H, L, D]` views, with a grid bias from a non-square pair of tables (for every query, or for all but the
     first, as the decoder's presence token has it) and without one, for key lengths
     that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
-    pytest.importorskip("triton")
-    proc = subprocess.run([sys.executable, "-c", ATTENTION_KERNEL_CHECK], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    assert interpreted["attention"] == "ok", interpreted["attention"]
 
 GELU_GROUPS_KERNEL_CHECK = """
 import numpy as np
@@ -80,12 +100,12 @@ for m, k in [(37, 256), (64, 384), (1, 128)]:  # rows that fill a program's bloc
     cast = _convert_float(quotients.clamp(-448, 448).numpy(), tl.float32, tl.float8e4nv, ir.ROUNDING_MODE.RTNE)
     same = (np.frombuffer(cast.tobytes(), np.uint8).reshape(m, k) == values.view(torch.uint8).numpy()).mean()
     assert same > 0.999, same  # erf a unit in the last place off can round a value's GELU the other way
-print("ok")
 """
 
 
-@pytest.mark.slow  # a process of its own under Triton's interpreter
-def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpreter():
+@pytest.mark.slow  # Triton's interpreter, in the process the three checks share
+@pytest.mark.xdist_group("triton-interpreter")
+def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpreter(interpreted):
     """The Triton kernel of the op `sam3_aoti::gelu_quantize_groups` (the fp8 MLP's bias, GELU and 1 x 128 group
     quantization in one pass), run by Triton's CPU interpreter, gives the e4m3 values and scales of its torch
     form (`reference`), for row counts that fill a program's block and that do not, groups decades apart in
@@ -93,7 +113,4 @@ def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpr
     e4m3 rounding drops the carry into the exponent), so the input is fp16 and each value is held to the
     interpreter's own round-to-nearest cast of the torch form's quotient: what is under test is the kernel's
     arithmetic and layout up to the cast; tests/test_gpu.py checks bf16 and the cast against torch on CUDA."""
-    pytest.importorskip("triton")
-    proc = subprocess.run([sys.executable, "-c", GELU_GROUPS_KERNEL_CHECK], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    assert interpreted["gelu_groups"] == "ok", interpreted["gelu_groups"]
