@@ -53,7 +53,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", "The given buffer is not writable")  # read only, into copies
 
     from sam3_aoti.runtime import integrity
-    from sam3_aoti.runtime.constants import read_constants
+    from sam3_aoti.runtime.constants import InPlace, read_constants
     from sam3_aoti.runtime.reader import stored_data_offset
 
     folder = Path(tempfile.mkdtemp(prefix="unpack-times-"))
@@ -89,7 +89,8 @@ def main() -> None:
             return run
 
         def in_place(package):
-            read_constants(package, stored_data_offset(package.file, package.entries[inner]), layout, "cpu")
+            start = stored_data_offset(package.file, package.entries[inner])
+            read_constants(package, InPlace(inner, start, layout), "cpu")
 
         ways = {"zipfile into a file, read back": unpacked(False, False),
                 "kernel copy into a file, read back": unpacked(True, False),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import CompileError, first_line
-from ..runtime.archive import MODEL_NAMES, PART_NAMES, archive_entries
+from ..runtime.archive import BLOB_SUFFIX, MODEL_NAMES, PART_NAMES, archive_entries
 from .vec_isa import skip_known_isa_check
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
@@ -24,8 +24,6 @@ AOTI_OPTIONS = {
     "always_keep_tensor_constants": True,
 }
 
-
-BLOB_SUFFIX = "_weights.blob"
 
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",

@@ -4,6 +4,7 @@ scripts/checks/segment_actor.py): mixed sizes, some very large, PNGs beside JPEG
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,8 +20,6 @@ def write_collection(folder: Path, count: int, min_side: int, large_width: int, 
     long enough to time, at the cost of writing `count`), and `broken` files that are no image (a truncated
     JPEG, an empty file, text named .png). Returns what it holds (collection.json), the images as segment sees
     them: `count` x `copies`."""
-    import os
-
     import numpy as np
     import skimage.data
     from PIL import Image, ImageOps

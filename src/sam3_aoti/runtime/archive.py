@@ -17,6 +17,7 @@ PART_NAMES = ("encode_image", "encode_text", "encode_boxes", "decode")
 # The parts that read model's weights in place (no blob of their own). encode_boxes has its own: the box
 # encoder's layers are weights `model`, which never sees a box, does not hold.
 SHARED_WEIGHT_PARTS = ("encode_image", "encode_text", "decode")
+BLOB_SUFFIX = "_weights.blob"  # a model's AOTInductor weights blob, beside its code
 
 
 # The most any entry read before (or without) the digest check may inflate to: a package's are far smaller.

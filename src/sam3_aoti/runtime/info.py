@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import PackageError
-from .archive import fallback_of
+from .archive import BLOB_SUFFIX, fallback_of
 from .files import human_size
 from .integrity import PackageFile, check_entries, check_package, read_consistently
 
@@ -36,7 +36,7 @@ def _describe(package: PackageFile) -> dict:
             if name.startswith("data/aotinductor/"):
                 model, file = name.split("/")[2:4]
                 part = aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0})
-                part["weights_bytes" if file.endswith("_weights.blob") else "code_bytes"] += item.file_size
+                part["weights_bytes" if file.endswith(BLOB_SUFFIX) else "code_bytes"] += item.file_size
         for model, built in package.built_for.items():
             aoti.setdefault(model, {"code_bytes": 0, "weights_bytes": 0}).update(
                 device=built.get("AOTI_DEVICE_KEY"), compute_capability=built.get("AOTI_COMPUTE_CAPABILITY") or None)
@@ -56,7 +56,7 @@ def _describe(package: PackageFile) -> dict:
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "cuda", "triton", "python")},
         "weights": metadata.get("weights"),
         "weights_sha256": {part.split("/")[2]: sha for part, sha in metadata.get("parts_sha256", {}).items()
-                           if part.endswith("_weights.blob")},
+                           if part.endswith(BLOB_SUFFIX)},
         "fallback": {"path": str(fallback), "bytes": fallback.stat().st_size} if fallback.is_file() else None,
         "origin": origin_of(path),
         "models": models,

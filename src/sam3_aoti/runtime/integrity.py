@@ -149,9 +149,8 @@ def check_package(package: Path | PackageFile, trust: bool = False, digest: str 
         with PackageFile(package) as opened:
             return check_package(opened, trust, digest)
     package.checked_with = (trust, digest)
-    package.digest_matched = False
+    package.verdict = None
     package.verdict = _verdict(package, trust, digest)
-    package.digest_matched = package.verdict.startswith("matches")
     return package.verdict
 
 

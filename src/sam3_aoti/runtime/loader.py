@@ -191,7 +191,7 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     if not isinstance(package, PackageFile):
         with PackageFile(package) as opened:
             return load_aoti_runners(opened, graphed)
-    from .constants import read_constants, readable_layout, weights_entry
+    from .constants import read_constants, readable_layout
 
     built = package.built_for
     problem = device_problem(built)
@@ -201,13 +201,13 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     device = {name: record.get("AOTI_DEVICE_KEY") or "cpu" for name, record in built.items()}
     try:
         for name in models_in(package.path, built):
-            in_place = readable_layout(package, name, device.get(name, "cpu"))
-            folders[name] = unpack_model(package, name, skip=weights_entry(package, name) if in_place else None)
+            in_place = readable_layout(package, name, device[name])
+            folders[name] = unpack_model(package, name, skip=in_place.entry if in_place else None)
             if in_place:
-                weights[name] = read_constants(package, *in_place, device.get(name, "cpu"))
+                weights[name] = read_constants(package, in_place, device[name])
         package.check_unchanged()  # what was unpacked and read is what was checked
         for name, folder in folders.items():  # each runner owns its folder from here
-            runners[name] = AotiRunner(folder, device.get(name, "cpu"), name in graphed, weights.get(name))
+            runners[name] = AotiRunner(folder, device[name], name in graphed, weights.get(name))
     except BaseException:
         for name, folder in folders.items():
             if name not in runners:

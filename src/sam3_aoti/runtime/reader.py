@@ -57,7 +57,6 @@ class PackageFile:
         self.copied = self.copy_next = False
         self.checked_with: tuple = (False, None)  # check_package's trust and digest, for `recheck`
         self.verdict: str | None = None  # how check_package checked it, last
-        self.digest_matched = False  # its bytes are the ones a digest vouches for (check_package)
         self._read: dict = {}
 
     def __enter__(self) -> "PackageFile":
@@ -150,6 +149,11 @@ class PackageFile:
         except (ValueError, RecursionError):
             raise PackageError(f"{self.path}: a model's build record is not JSON: rebuild it with "
                                "`uv run doit package`") from None
+
+    @property
+    def digest_matched(self) -> bool:
+        """Its bytes are the ones a digest vouches for (`check_package`'s verdict, "matches ...")."""
+        return bool(self.verdict) and self.verdict.startswith("matches")
 
     @property
     def racy(self) -> bool:

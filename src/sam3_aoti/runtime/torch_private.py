@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import PackageError
+from .archive import BLOB_SUFFIX
 
 
 def before_loading() -> None:
@@ -45,7 +46,7 @@ class AotiRunner:
         self.weights = weights  # the runner reads these tensors in place (user-managed): they live as long as it
         if weights is not None:  # built from the package's bytes (`constants.read_constants`)
             self.runner.update_constant_buffer(weights, False, True, True)
-        for blob in folder.glob("*_weights.blob"):
+        for blob in folder.glob(f"*{BLOB_SUFFIX}"):
             self.runner.update_constant_buffer_from_blob(str(blob))
             blob.unlink()  # read into the runner's constants: a second copy on disk helps no one
         self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
