@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..runtime import gelu_groups  # noqa: F401  registers the op sam3_aoti::gelu_quantize_groups
+# importing runtime.gelu_groups also registers the op sam3_aoti::gelu_quantize_groups that Fp8Mlp calls
 from ..runtime.gelu_groups import E4M3, E4M3_MAX, GROUP, MIN_SCALE_AMAX, quantize_groups
 
 # GROUP: the side of a scale's group (activations: 1 x GROUP, `quantize_groups`) and block (weights: GROUP x GROUP)
