@@ -54,6 +54,8 @@
 #          actor's steps run on fresh's package once the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
+#   kernels: no build: the fp8 part's GPU tests and experiments/vit_mlp_fp8.py, last, alone on the GPU (after every
+#          bench), for a run that measures other parts and cannot spare an fp8 build
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -314,9 +316,15 @@ tinytuned_part() {
         -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
 }
 
+fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experiments/vit_mlp_fp8.py)
+    step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
+        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory"
+    step vit-mlp-fp8 scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8"
+}
+
 run_all() {
     local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars heads optimizations; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
@@ -325,9 +333,7 @@ run_all() {
     [[ $parts == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
-    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
-        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory"; step vit-mlp-fp8 \
-        scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8")
+    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && fp8_kernels)
     [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
     [[ $parts == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
@@ -371,6 +377,7 @@ run_all() {
         step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
+    [[ $parts == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $parts == *" heads "* ]] && (heads_part)
     [[ $parts == *" optimizations "* ]] && (optimizations_part)
     return 0
