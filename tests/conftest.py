@@ -20,6 +20,12 @@ def pytest_configure(config):
     # and beside xdist workers or a build, torch's default (a thread per core) oversubscribes the cores, where
     # OpenMP's waiting threads spin: the quick loop beside a tiny build took 183 s with the default, 49 s so.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Inductor's pool of compile processes unstarted (unless set) where no GPU is: a CPU compile is one C++ file
+    # per model, so the pool is only its start, a torch import per core in every process that compiles.
+    from sam3_aoti.pipeline.settings import gpu_present
+
+    if not gpu_present():
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # The run's own builds at full priority (unless set): its build-reading tests wait for them, and niced
     # builds behind the tests that need none finished at 363 s instead of 154 (benchmarks/cpu-2026-12-05-nice).
     os.environ.setdefault("SAM3_AOTI_NICE", "0")

@@ -206,6 +206,22 @@ def test_toolchain_stage_probes_the_machine_without_an_earlier_fix(tmp_path, mon
     assert facts.machine_env({"CXX": "/machine/g++"}) == {"CXX": "/machine/g++"}
 
 
+def test_a_cpu_stage_starts_no_pool_of_compile_processes(tmp_path, monkeypatch):
+    """On the CPU a model's kernels are one C++ file, so Inductor's pool of compile processes would only cost
+    its start (a torch import per core in every stage process); on a GPU it compiles Triton kernels side by
+    side. A value the user set is kept."""
+    from dataclasses import replace
+
+    import tasks
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    for device, threads in (("cpu", "1"), ("cuda", None)):
+        monkeypatch.setattr(tasks, "SETTINGS", replace(tasks.SETTINGS, device=device))
+        assert tasks.stage_env("compile", tmp_path / "cuda.env").get("TORCHINDUCTOR_COMPILE_THREADS") == threads
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
+    assert tasks.stage_env("compile", tmp_path / "cuda.env")["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
+
+
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
     overlay = compiler_fixes.regex_free_overlay(tmp_path)
     text = (overlay / "torch/csrc/inductor/aoti_runtime/model_base.h").read_text()
