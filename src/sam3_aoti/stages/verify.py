@@ -149,6 +149,16 @@ def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], ba
                   figures=pictures(cases), data={"backends": backends, "tolerances": tolerances})
 
 
+def timed(what: str, load, *args):
+    """`load(*args)`, its seconds logged: verify's first minute at full size is these three loads, side by side."""
+    import time
+
+    t0 = time.perf_counter()
+    value = load(*args)
+    log.info("loaded %s in %.1f s", what, time.perf_counter() - t0)
+    return value
+
+
 def run(settings: Settings) -> None:
     from ..model.checkpoints import eager_reference
     from ..pipeline.cases import load_cases
@@ -162,9 +172,9 @@ def run(settings: Settings) -> None:
 
         torch.backends.cudnn.allow_tf32 = False
     with ThreadPoolExecutor(2) as loader:  # the eager model and the fallback load while the package loads
-        reference = loader.submit(eager_reference, settings)
-        exported = loader.submit(load_exported, paths.package)
-        package = load_package(paths.package)
+        reference = loader.submit(timed, "the eager model", eager_reference, settings)
+        exported = loader.submit(timed, "the exported fallback", load_exported, paths.package)
+        package = timed("the package", load_package, paths.package)
         if package.fallback_reason:
             raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                              f"rebuild with `uv run doit compile device={settings.device}`")
