@@ -35,6 +35,43 @@ def pytest_configure(config):
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time and that of its children it has waited for (a test's doit, stages, servers)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.cpu_start = cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds from its setup to its teardown, in its teardown report (xdist carries it to the
+    run's own process): on 2 cores the suite's time is its CPU work, which wall-clock durations hide."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and hasattr(item, "cpu_start"):
+        report.user_properties.append(("cpu_s", round(cpu_seconds() - item.cpu_start, 2)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The 25 tests of most CPU work (each with its processes); the run's total (workers' imports and the
+    builds started at collection are counted where they are waited for)."""
+    spent = [(dict(r.user_properties)["cpu_s"], r.nodeid) for r in terminalreporter.stats.get("passed", []) +
+             terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("", [])
+             if r.when == "teardown" and "cpu_s" in dict(r.user_properties)]
+    if not spent:
+        return
+    terminalreporter.write_sep("=", f"most CPU work: 25 of {len(spent)} tests, {sum(s for s, _ in spent) / 60:.1f} "
+                                    "core-minutes in all")
+    for seconds, nodeid in sorted(spent, reverse=True)[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
+
+
 def busy_cores(seconds: float = 0.3) -> float:
     """How many of this machine's cores are busy now with work that does not step back: /proc/stat's jiffies
     over a short interval, less idle, iowait and niced time (a build's stages, `tasks.runs.step_back`, yield

@@ -97,6 +97,36 @@ def export_parts(wrapper, example) -> dict:
     return programs
 
 
+def transforms_example(opts: dict, device):
+    """The image transforms' trace example, seeded: the archive stores it, so the same build gives the same bytes."""
+    import torch
+
+    seeded = torch.Generator().manual_seed(0)
+    return (torch.rand(*opts["transforms_example_size"], generator=seeded) * 255).to(device)
+
+
+def export_programs(wrapper, example, split: bool, transforms, example_image) -> tuple[dict, dict]:
+    """Every program of the archive in its order (model; encode_image, encode_text, encode_boxes and decode where
+    `split`; transforms), and the seconds each export took."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        programs = {"model": export_model(wrapper, example)}
+    except Exception as e:
+        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
+    seconds = {"model": time.perf_counter() - t0}
+    if split:
+        t0 = time.perf_counter()
+        programs.update(export_parts(wrapper, example))
+        seconds["parts"] = time.perf_counter() - t0
+    try:
+        programs["transforms"] = export_transforms(transforms, example_image)
+    except Exception as e:
+        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
+    return programs, seconds
+
+
 def load_programs(archive) -> dict:
     """Every exported program of a PT2 archive, by name, in the archive's order."""
     import zipfile
@@ -116,28 +146,6 @@ def custom_ops_in(program) -> set[str]:
     """The project's own ops (`sam3_aoti::...`) a program calls: what a loader without this project lacks."""
     return {str(node.target) for node in program.graph.nodes
             if node.op == "call_function" and str(node.target).startswith("sam3_aoti.")}
-
-
-def portable(programs: dict) -> dict:
-    """The programs with the project's ops (`sam3_aoti::attention`, `::box_bias_mlp`, `::gelu_quantize_groups`)
-    written out as the torch ops they compute (their reference forms, what they run off CUDA): the fallback then
-    deserializes where only torch is installed (the kernels are the AOTI models' business). Programs without them
-    stay as they are."""
-    import torch
-
-    from ..runtime import attention, box_bias, gelu_groups
-
-    table = {torch.ops.sam3_aoti.attention.default: attention.reference,
-             torch.ops.sam3_aoti.box_bias_mlp.default:
-                 lambda deltas, w1, b1, w2, b2: box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous(),
-             torch.ops.sam3_aoti.gelu_quantize_groups.default: gelu_groups.reference}
-    out = {}
-    for name, program in programs.items():
-        out[name] = program.run_decompositions(table) if custom_ops_in(program) else program
-        if left := custom_ops_in(out[name]):
-            raise ExportError(f"{name} still calls {sorted(left)} after writing out the custom ops: add them to "
-                              "model.exporting.portable")
-    return out
 
 
 def composed(programs: dict):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# importing runtime.gelu_groups also registers the op sam3_aoti::gelu_quantize_groups that Fp8Mlp calls
+from . import ops
 from ..runtime.gelu_groups import E4M3, E4M3_MAX, GROUP, MIN_SCALE_AMAX, quantize_groups
 
 # GROUP: the side of a scale's group (activations: 1 x GROUP, `quantize_groups`) and block (weights: GROUP x GROUP)
@@ -125,7 +125,7 @@ class Fp8Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.fc1(x).reshape(-1, self.fc1.out_features)
-        groups, scales = torch.ops.sam3_aoti.gelu_quantize_groups(hidden, self.fc1_bias)
+        groups, scales = ops.gelu_quantize_groups(hidden, self.fc1_bias)
         return self.fc2.on_groups(groups, scales).reshape(*x.shape[:-1], self.fc2.out_features)
 
 

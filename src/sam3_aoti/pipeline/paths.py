@@ -114,7 +114,7 @@ class ProfilePaths:
 
     @property
     def exported_portable(self) -> Path:
-        """The same programs with this project's custom ops written out in torch ops (`exporting.portable`):
+        """The same programs exported with this project's custom ops as the torch ops they compute (`model.ops`):
         the package's fallback, which loads where torch alone is installed."""
         return self.root / "export" / "programs.portable.pt2"
 

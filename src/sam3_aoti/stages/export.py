@@ -14,9 +14,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from ..errors import ExportError, first_line
+from ..errors import ExportError
 from ..model.exporting import (TENSOR_FILES, check_against_eager, composed, composed_with_boxes, example_boxes,
-                               export_model, export_parts, export_transforms, is_tensor_config, save_programs)
+                               export_programs, is_tensor_config, save_programs, transforms_example)
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -50,21 +50,15 @@ def run(settings: Settings) -> None:
 
     example = example_inputs(config, opts["example_batch"], opts["example_prompts"], device=device)
     log.info("exporting model at example (B, P) = (%d, %d)", *(a.shape[0] for a in example))
-    t0 = time.perf_counter()
-    try:
-        model_ep = export_model(wrapper, example)
-    except Exception as e:
-        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
-    export_s = time.perf_counter() - t0
-    log.info("model exported in %.1f s", export_s)
-    programs = {"model": model_ep}
     split = settings.profile in opts.get("split", [])
+    image_size = config.vision_config.backbone_config.image_size
+    transforms = ImageTransforms(image_size).eval()
+    programs, seconds = export_programs(wrapper, example, split, transforms, transforms_example(opts, device))
+    log.info("model exported in %.1f s", seconds["model"])
     if split:
-        t0 = time.perf_counter()
-        programs.update(export_parts(wrapper, example))
-        log.info("encode_image, encode_text, encode_boxes and decode exported in %.1f s", time.perf_counter() - t0)
+        log.info("encode_image, encode_text, encode_boxes and decode exported in %.1f s", seconds["parts"])
     # Each program's module made once for every check (unlifting a graph is seconds).
-    model_run = model_ep.module()
+    model_run = programs["model"].module()
     parts_run, boxes_run = (composed(programs), composed_with_boxes(programs)) if split else (None, None)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
         args = example_inputs(config, b, p, seed=1, device=device)
@@ -79,19 +73,9 @@ def run(settings: Settings) -> None:
                                            (*args, *boxes), atol)
                 log.info("re-run with %d exemplar boxes at (B, P) = (%d, %d): max |exported - eager| = %.3g", count,
                          b, p, diff)
+    check_image = (torch.rand(1, 3, 97, 150, generator=torch.Generator().manual_seed(1)) * 255).to(device)
+    check_against_eager("transforms", programs["transforms"].module(), transforms, (check_image,), 1e-5)
 
-    image_size = config.vision_config.backbone_config.image_size
-    transforms = ImageTransforms(image_size).eval()
-    seeded = torch.Generator().manual_seed(0)  # the example is stored in the archive: same inputs, same bytes
-    example_image = (torch.rand(*opts["transforms_example_size"], generator=seeded) * 255).to(device)
-    try:
-        transforms_ep = export_transforms(transforms, example_image)
-    except Exception as e:
-        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
-    check_image = (torch.rand(1, 3, 97, 150, generator=seeded) * 255).to(device)
-    check_against_eager("transforms", transforms_ep.module(), transforms, (check_image,), 1e-5)
-
-    programs["transforms"] = transforms_ep
     with atomic_output(paths.exported) as tmp:
         save_programs(programs, tmp)
     log.info("saved %s (%s)", paths.exported, human_size(paths.exported.stat().st_size))
@@ -100,7 +84,7 @@ def run(settings: Settings) -> None:
     log.info("program digest %s (%s)", digest["sha256"][:12],
              "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
     record(paths.manifest, "export", [paths.exported, paths.program_digest], {
-        "export_seconds": round(export_s, 2), "image_size": image_size, **settings.fingerprint("export"),
+        "export_seconds": round(seconds["model"], 2), "image_size": image_size, **settings.fingerprint("export"),
     })
 
 

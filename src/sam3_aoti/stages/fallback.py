@@ -1,9 +1,8 @@
-"""Stage `fallback`: the exported programs with this project's custom ops written out in torch ops, so the
-package's exported-program fallback deserializes where torch alone is installed.
+"""Stage `fallback`: the programs exported again with this project's custom ops in the torch ops they compute
+(`model.ops.torch_forms`), so the package's exported-program fallback deserializes where torch alone is installed.
 
-A stage of its own, beside `compile` rather than before it: writing the ops out (`run_decompositions`) is minutes at
-full size, and nothing that compile reads depends on it. The portable `model` is checked against eager at the
-export's check shapes before it is kept.
+A stage of its own, beside `compile` rather than before it: nothing that compile reads depends on it. The
+portable `model` is checked against eager at the export's check shapes before it is kept.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..model.exporting import check_against_eager, load_programs, portable, save_programs
+from ..errors import ExportError
+from ..model.exporting import check_against_eager, custom_ops_in, export_programs, save_programs, transforms_example
 from ..pipeline.artifacts import record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -25,18 +25,22 @@ def run(settings: Settings) -> None:
 
     from ..model.checkpoints import load_model
     from ..model.configs import example_inputs
-    from ..model.grounding import Sam3Grounding
+    from ..model.grounding import ImageTransforms, Sam3Grounding
+    from ..model.ops import torch_forms
 
     paths, opts = ProfilePaths.of(settings), settings.stage("export")
     t0 = time.perf_counter()
-    programs = load_programs(paths.exported)
-    fallback = portable(programs)
-    for name, program in fallback.items():  # constants in the exported program's order: the same archive as ever
-        program._constants = {key: program.constants[key] for key in programs[name].constants}
-    log.info("custom ops written in torch ops in %.1f s", time.perf_counter() - t0)
     device = torch.device(settings.device)
     model = load_model(settings).to(device)
     wrapper = Sam3Grounding.built_as(model, settings)
+    example = example_inputs(model.config, opts["example_batch"], opts["example_prompts"], device=device)
+    transforms = ImageTransforms(model.config.vision_config.backbone_config.image_size).eval()
+    with torch_forms():
+        fallback, _ = export_programs(wrapper, example, settings.profile in opts.get("split", []), transforms,
+                                      transforms_example(opts, device))
+    if left := {name: sorted(ops) for name, program in fallback.items() if (ops := custom_ops_in(program))}:
+        raise ExportError(f"the fallback still calls {left}: call them through sam3_aoti.model.ops")
+    log.info("exported with the custom ops in torch ops in %.1f s", time.perf_counter() - t0)
     args = example_inputs(model.config, opts["check_batch"], opts["check_prompts"], seed=2, device=device)
     diff = check_against_eager("model (portable)", fallback["model"].module(), wrapper, args,
                                settings.spec.export_atol)

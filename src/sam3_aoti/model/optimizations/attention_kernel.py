@@ -4,11 +4,10 @@ transformers attention interface. Measured in benchmarks/README.md."""
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from transformers import AttentionInterface
 
-from ...runtime import attention  # noqa: F401  registers the op sam3_aoti::attention
+from .. import ops
 from .registry import register
 
 KERNEL_ATTENTION = "sam3_aoti_attention"
@@ -20,7 +19,7 @@ def kernel_attention(module, query, key, value, attention_mask=None, dropout=0.0
     if attention_mask is not None:
         raise ValueError("the attention kernel takes no mask")
     scale = module.scaling if scaling is None else scaling
-    return torch.ops.sam3_aoti.attention(query, key, value, scale), None
+    return ops.attention(query, key, value, scale), None
 
 
 @register("attention_kernel")

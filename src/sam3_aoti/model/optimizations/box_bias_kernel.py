@@ -7,15 +7,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...runtime import box_bias  # noqa: F401  registers the op sam3_aoti::box_bias_mlp
+from .. import ops
 from .layers import AxisBiasDecoder, extend
 from .registry import register
 
 
 def box_bias_mlp(deltas: torch.Tensor, mlp: nn.Module) -> torch.Tensor:
     """A box-bias MLP (`Sam3DecoderMLP`) as the op `runtime.box_bias` defines."""
-    return torch.ops.sam3_aoti.box_bias_mlp(deltas, mlp.layer1.weight, mlp.layer1.bias, mlp.layer2.weight,
-                                            mlp.layer2.bias)
+    return ops.box_bias_mlp(deltas, mlp.layer1.weight, mlp.layer1.bias, mlp.layer2.weight, mlp.layer2.bias)
 
 
 class FusedBoxBiasDecoder(AxisBiasDecoder):

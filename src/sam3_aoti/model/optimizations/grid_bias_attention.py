@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...runtime import attention  # noqa: F401  registers the op sam3_aoti::attention
+from .. import ops
 from .layers import AxisBiasDecoder, ProjectedAttention, extend
 from .registry import register
 
@@ -28,8 +28,8 @@ class GridBiasAttention(ProjectedAttention):
     def attend(self, query, key, value, attention_mask, dtype, **kwargs):
         dtype_in = getattr(self, "attention_dtype", dtype)  # set by `mixed_precision.attention_in`
         bias_y, bias_x = attention_mask.float().chunk(2, dim=-1)
-        out = torch.ops.sam3_aoti.attention(self.heads(query, dtype_in), self.heads(key, dtype_in),
-                                            self.heads(value, dtype_in), self.scaling, bias_y, bias_x)
+        out = ops.attention(self.heads(query, dtype_in), self.heads(key, dtype_in), self.heads(value, dtype_in),
+                            self.scaling, bias_y, bias_x)
         return self.o_proj(out.to(dtype).reshape(*query.shape[:2], -1)), None
 
 

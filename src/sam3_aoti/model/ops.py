@@ -1,0 +1,47 @@
+"""The project's ops as the model calls them: the op itself (`torch.ops.sam3_aoti.*`), which AOTInductor compiles
+with its kernel, or, inside `torch_forms()`, the torch ops it computes (its module's `reference`).
+
+The fallback stage exports the model inside `torch_forms()`: programs that deserialize where torch alone is
+installed, in the time of an export. Writing the ops out of the exported programs afterwards
+(`ExportedProgram.run_decompositions`) re-traced every program: 22 s on the tiny model where its export takes 15,
+and 170 s at full size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+from ..runtime import attention as _attention, box_bias as _box_bias, gelu_groups as _gelu_groups  # register the ops
+
+_TORCH_FORMS = contextvars.ContextVar("sam3_aoti_torch_forms", default=False)
+
+
+@contextlib.contextmanager
+def torch_forms():
+    """Inside: every op of this module is the torch ops it computes, not a call of the op."""
+    token = _TORCH_FORMS.set(True)
+    try:
+        yield
+    finally:
+        _TORCH_FORMS.reset(token)
+
+
+def attention(query, key, value, scale: float, bias_y=None, bias_x=None):
+    if _TORCH_FORMS.get():
+        return _attention.reference(query, key, value, scale, bias_y, bias_x)
+    return torch.ops.sam3_aoti.attention(query, key, value, scale, bias_y, bias_x)
+
+
+def box_bias_mlp(deltas, w1, b1, w2, b2):
+    if _TORCH_FORMS.get():
+        return _box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous()
+    return torch.ops.sam3_aoti.box_bias_mlp(deltas, w1, b1, w2, b2)
+
+
+def gelu_quantize_groups(hidden, bias):
+    if _TORCH_FORMS.get():
+        return _gelu_groups.reference(hidden, bias)
+    return torch.ops.sam3_aoti.gelu_quantize_groups(hidden, bias)

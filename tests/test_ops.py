@@ -1,0 +1,37 @@
+"""model.ops: the project's ops as the model calls them, or inside `torch_forms()` the torch ops they compute (how
+the fallback stage exports)."""
+
+import torch
+
+from sam3_aoti.model import ops
+from sam3_aoti.model.exporting import custom_ops_in
+
+
+class EveryOp(torch.nn.Module):
+    def forward(self, query, key, value, bias_y, bias_x, deltas, w1, b1, w2, b2, hidden, bias):
+        return (ops.attention(query, key, value, 0.25), ops.attention(query, key, value, 0.25, bias_y, bias_x),
+                ops.box_bias_mlp(deltas, w1, b1, w2, b2), *ops.gelu_quantize_groups(hidden, bias))
+
+
+def test_an_export_inside_torch_forms_calls_none_of_the_projects_ops_and_computes_the_same():
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
+    side = 4  # 16 keys: a 4 x 4 grid, each table `[B, H, Q', side]` for the last Q' queries
+    bias_y, bias_x = torch.randn(1, 2, 3, side, generator=g), torch.randn(1, 2, 3, side, generator=g)
+    key, value = torch.randn(1, 2, side * side, 16, generator=g), torch.randn(1, 2, side * side, 16, generator=g)
+    deltas, w1, b1 = torch.randn(1, 3, side, 2, generator=g), torch.randn(8, 2, generator=g), torch.randn(8, generator=g)
+    w2, b2 = torch.randn(2, 8, generator=g), torch.randn(2, generator=g)
+    hidden, bias = torch.randn(6, 256, generator=g), torch.randn(256, generator=g)
+    args = (query, key, value, bias_y, bias_x, deltas, w1, b1, w2, b2, hidden, bias)
+    with torch.no_grad():
+        with_ops = torch.export.export(EveryOp(), args)
+        with ops.torch_forms():
+            written_out = torch.export.export(EveryOp(), args)
+        assert custom_ops_in(with_ops) == {"sam3_aoti.attention.default", "sam3_aoti.box_bias_mlp.default",
+                                           "sam3_aoti.gelu_quantize_groups.default"}
+        assert custom_ops_in(written_out) == set()
+        for ours, theirs in zip(with_ops.module()(*args), written_out.module()(*args), strict=True):
+            assert ours.dtype == theirs.dtype and torch.equal(ours.view(torch.uint8) if ours.element_size() == 1
+                                                              else ours, theirs.view(torch.uint8)
+                                                              if theirs.element_size() == 1 else theirs)
+    assert not ops._TORCH_FORMS.get()  # the ops again once the block is left
