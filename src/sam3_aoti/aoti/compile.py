@@ -107,7 +107,9 @@ def load_program(archive: Path, name: str):
     from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
 
     from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
+    from ..runtime.torch_private import quicker_program_reads
 
+    quicker_program_reads()
     with PT2ArchiveReader(str(archive)) as reader:
         return _load_exported_programs(reader, [f"models/{name}.json"], None)[name]
 

@@ -127,21 +127,6 @@ def export_programs(wrapper, example, split: bool, transforms, example_image) ->
     return programs, seconds
 
 
-def load_programs(archive) -> dict:
-    """Every exported program of a PT2 archive, by name, in the archive's order."""
-    import zipfile
-
-    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
-
-    from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
-    from ..runtime.archive import archive_entries
-
-    with zipfile.ZipFile(archive) as zf:
-        files = [inner for inner in archive_entries(zf) if inner.startswith("models/") and inner.endswith(".json")]
-    with PT2ArchiveReader(str(archive)) as reader:
-        return _load_exported_programs(reader, files, None)
-
-
 def custom_ops_in(program) -> set[str]:
     """The project's own ops (`sam3_aoti::...`) a program calls: what a loader without this project lacks."""
     return {str(node.target) for node in program.graph.nodes

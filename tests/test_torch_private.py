@@ -1,0 +1,37 @@
+"""runtime.torch_private: the runtime's calls into torch's private API."""
+
+import subprocess
+import sys
+
+from helpers import REPO
+
+READ_TWICE = """
+import io, sys, torch
+from torch.export.pt2_archive._package import load_pt2, package_pt2
+from sam3_aoti.runtime.torch_private import exported_programs
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x[:, :3] * 2).sum(-1)
+
+program = torch.export.export(Net(), (torch.randn(2, 5),), dynamic_shapes=({0: torch.export.Dim("b")},))
+buffer = io.BytesIO()
+package_pt2(buffer, exported_programs={"net": program})
+plain = load_pt2(io.BytesIO(buffer.getvalue())).exported_programs["net"]
+ours = exported_programs(io.BytesIO(buffer.getvalue()))["net"]
+from torch._export.serde import serialize
+assert serialize.typing.get_type_hints is not __import__("typing").get_type_hints, "not installed"
+assert str(ours.graph) == str(plain.graph) and ours.range_constraints.keys() == plain.range_constraints.keys()
+x = torch.randn(4, 5)
+assert torch.equal(ours.module()(x), plain.module()(x))
+print("ok")
+"""
+
+
+def test_programs_read_with_the_kept_type_hints_are_the_programs_torch_reads():
+    """`quicker_program_reads` keeps the serde reader's type hints per class: the programs read so are the ones
+    torch's own reader gives (graph, dynamic ranges, outputs). In a fresh process: the reader is patched for
+    good."""
+    proc = subprocess.run([sys.executable, "-c", READ_TWICE], cwd=REPO, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
