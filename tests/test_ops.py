@@ -34,4 +34,21 @@ def test_an_export_inside_torch_forms_calls_none_of_the_projects_ops_and_compute
             assert ours.dtype == theirs.dtype and torch.equal(ours.view(torch.uint8) if ours.element_size() == 1
                                                               else ours, theirs.view(torch.uint8)
                                                               if theirs.element_size() == 1 else theirs)
-    assert not ops._TORCH_FORMS.get()  # the ops again once the block is left
+    assert not ops._torch_forms  # the ops again once the block is left
+
+
+def test_torch_compile_traces_the_ops_whole():
+    """torch.compile (bench's model parts, its torch.compile column) traces through `model.ops` without a graph
+    break (a ContextVar there stopped it on the H100: `fullgraph=True` failed), and gives the op's outputs."""
+    g = torch.Generator().manual_seed(1)
+    deltas, w1, b1 = torch.randn(1, 3, 4, 2, generator=g), torch.randn(8, 2, generator=g), torch.randn(8, generator=g)
+    w2, b2 = torch.randn(2, 8, generator=g), torch.randn(2, generator=g)
+    query, key, value = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
+
+    def both(deltas, w1, b1, w2, b2, query, key, value):
+        return ops.box_bias_mlp(deltas, w1, b1, w2, b2), ops.attention(query, key, value, 0.25)
+
+    args = (deltas, w1, b1, w2, b2, query, key, value)
+    with torch.no_grad():
+        for ours, theirs in zip(torch.compile(both, fullgraph=True, backend="eager")(*args), both(*args), strict=True):
+            assert torch.equal(ours, theirs)

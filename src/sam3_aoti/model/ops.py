@@ -10,38 +10,40 @@ and 170 s at full size.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 
 import torch
 
 from ..runtime import attention as _attention, box_bias as _box_bias, gelu_groups as _gelu_groups  # register the ops
 
-_TORCH_FORMS = contextvars.ContextVar("sam3_aoti_torch_forms", default=False)
+# A module flag, not a ContextVar: torch.compile (bench's parts, the torch.compile column) traces a global read and
+# guards on it, but stops at ContextVar.get. The fallback stage exports in one thread.
+_torch_forms = False
 
 
 @contextlib.contextmanager
 def torch_forms():
     """Inside: every op of this module is the torch ops it computes, not a call of the op."""
-    token = _TORCH_FORMS.set(True)
+    global _torch_forms
+    before, _torch_forms = _torch_forms, True
     try:
         yield
     finally:
-        _TORCH_FORMS.reset(token)
+        _torch_forms = before
 
 
 def attention(query, key, value, scale: float, bias_y=None, bias_x=None):
-    if _TORCH_FORMS.get():
+    if _torch_forms:
         return _attention.reference(query, key, value, scale, bias_y, bias_x)
     return torch.ops.sam3_aoti.attention(query, key, value, scale, bias_y, bias_x)
 
 
 def box_bias_mlp(deltas, w1, b1, w2, b2):
-    if _TORCH_FORMS.get():
+    if _torch_forms:
         return _box_bias.linear_layers(deltas, w1, b1, w2, b2).contiguous()
     return torch.ops.sam3_aoti.box_bias_mlp(deltas, w1, b1, w2, b2)
 
 
 def gelu_quantize_groups(hidden, bias):
-    if _TORCH_FORMS.get():
+    if _torch_forms:
         return _gelu_groups.reference(hidden, bias)
     return torch.ops.sam3_aoti.gelu_quantize_groups(hidden, bias)
