@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def cpu_seconds() -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    item.cpu_start = cpu_seconds()
+    item.cpu_start, item.wall_start = cpu_seconds(), time.time()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -55,21 +56,27 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if call.when == "teardown" and hasattr(item, "cpu_start"):
-        report.user_properties.append(("cpu_s", round(cpu_seconds() - item.cpu_start, 2)))
+        report.user_properties += [("cpu_s", round(cpu_seconds() - item.cpu_start, 2)),
+                                   ("wall", (item.wall_start, time.time()))]
 
 
 def pytest_terminal_summary(terminalreporter):
     """The 25 tests of most CPU work (each with its processes); the run's total (workers' imports and the
     builds started at collection are counted where they are waited for)."""
-    spent = [(dict(r.user_properties)["cpu_s"], r.nodeid) for r in terminalreporter.stats.get("passed", []) +
-             terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("", [])
-             if r.when == "teardown" and "cpu_s" in dict(r.user_properties)]
-    if not spent:
+    reports = [r for r in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []) +
+               terminalreporter.stats.get("", []) if r.when == "teardown" and "cpu_s" in dict(r.user_properties)]
+    if not reports:
         return
+    spent = [(dict(r.user_properties)["cpu_s"], r.nodeid) for r in reports]
     terminalreporter.write_sep("=", f"most CPU work: 25 of {len(spent)} tests, {sum(s for s, _ in spent) / 60:.1f} "
                                     "core-minutes in all")
     for seconds, nodeid in sorted(spent, reverse=True)[:25]:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
+    spans = sorted((dict(r.user_properties)["wall"], r.nodeid) for r in reports)
+    first = spans[0][0][0]
+    terminalreporter.write_sep("-", "the last 5 tests to end (seconds after the first began)")
+    for (start, stop), nodeid in sorted(spans, key=lambda span: span[0][1])[-5:]:
+        terminalreporter.write_line(f"{start - first:7.0f} -> {stop - first:5.0f} s  {nodeid}")
 
 
 def busy_cores(seconds: float = 0.3) -> float:
@@ -142,9 +149,21 @@ class BuildsFirst:
             start_build(second_build(config), "package", "device=cpu")
         if "built_repo" in wanted and not os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):
             start_build(the_build(), "device=cpu")
-        needs_build = {item.path for item in items
-                       if {"built_repo", "second_clean_build"} & set(getattr(item, "fixturenames", ()))}
-        items.sort(key=lambda item: item.path in needs_build)
+        items.sort(key=build_order(items))
+
+
+def build_order(items):
+    """The sort key of the run's order: modules that need no build first (while the builds run), then modules
+    whose tests run stages on their own copy (`own_build`: the minutes-long ones, started as soon as the build is
+    there, so the run does not end on one of them), then the modules that only read the build, then the tests
+    that wait for the second clean build."""
+    def uses(item) -> set:
+        return set(getattr(item, "fixturenames", ()))
+
+    reads = {item.path for item in items if {"built_repo", "second_clean_build"} & uses(item)}
+    runs_stages = {item.path for item in items if "own_build" in uses(item)}
+    return lambda item: (3 if "second_clean_build" in uses(item) else
+                         2 - (item.path in runs_stages) if item.path in reads else 0)
 
 
 @pytest.fixture(scope="session")

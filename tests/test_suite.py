@@ -64,3 +64,21 @@ def test_a_stage_steps_back_for_other_work_in_its_own_session(monkeypatch):
     monkeypatch.setenv("SAM3_AOTI_NICE", "high")
     with pytest.raises(ConfigError, match="SAM3_AOTI_NICE='high' is not a whole number"):
         stage_nice()
+
+
+def test_the_run_reads_the_build_last_and_runs_stages_on_it_first():
+    """No-build modules first (while the builds run); of the modules that read the build, those with tests that
+    run stages on their own copy (minutes each) before those that only read it; the second clean build's tests
+    last."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    def item(path, *fixtures):
+        return SimpleNamespace(path=Path(path), fixturenames=fixtures, name=f"{path}{fixtures}")
+
+    items = [item("a_reads.py", "built_repo"), item("b_free.py"), item("c_stages.py", "built_repo"),
+             item("c_stages.py", "own_build", "built_repo"), item("d_second.py", "second_clean_build"),
+             item("e_free.py", "tmp_path")]
+    ordered = sorted(items, key=conftest.build_order(items))
+    assert [i.name for i in ordered] == [items[1].name, items[5].name, items[2].name, items[3].name, items[0].name,
+                                         items[4].name]
