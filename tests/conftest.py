@@ -61,8 +61,9 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The 25 tests of most CPU work (each with its processes); the run's total (workers' imports and the
-    builds started at collection are counted where they are waited for)."""
+    """The 25 tests of most CPU work (each with its processes) and the run's total (the builds started at
+    collection count where they are waited for; the workers' own start is left out), then the last five tests to
+    end: whether the run ends on a long test."""
     reports = [r for r in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []) +
                terminalreporter.stats.get("", []) if r.when == "teardown" and "cpu_s" in dict(r.user_properties)]
     if not reports:
