@@ -73,8 +73,8 @@ def pytest_terminal_summary(terminalreporter):
                                     "core-minutes in all")
     for seconds, nodeid in sorted(spent, reverse=True)[:25]:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
-    spans = sorted((dict(r.user_properties)["wall"], r.nodeid) for r in reports)
-    first = spans[0][0][0]
+    spans = [(dict(r.user_properties)["wall"], r.nodeid) for r in reports]
+    first = min(start for (start, _), _ in spans)
     terminalreporter.write_sep("-", "the last 5 tests to end (seconds after the first began)")
     for (start, stop), nodeid in sorted(spans, key=lambda span: span[0][1])[-5:]:
         terminalreporter.write_line(f"{start - first:7.0f} -> {stop - first:5.0f} s  {nodeid}")

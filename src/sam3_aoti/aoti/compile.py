@@ -102,16 +102,12 @@ def compiled_names(programs) -> list[str]:
 
 
 def load_program(archive: Path, name: str):
-    """One exported program of a PT2 archive, the others left unread: deserializing a graph is most of a
-    program's load (20 s for the tiny model's five on a CPU), and a compile worker needs only its own."""
-    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
-
+    """One exported program of a PT2 archive (20 s for the tiny model's five on a CPU if all were read), with the
+    project's ops registered first: the programs call them."""
     from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
-    from ..runtime.torch_private import quicker_program_reads
+    from ..runtime.torch_private import exported_program
 
-    quicker_program_reads()
-    with PT2ArchiveReader(str(archive)) as reader:
-        return _load_exported_programs(reader, [f"models/{name}.json"], None)[name]
+    return exported_program(archive, name)
 
 
 def compile_program(exported: str, name: str, options: dict, sdpa_backends: list[str] | None, dest: str):

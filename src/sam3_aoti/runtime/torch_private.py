@@ -82,6 +82,16 @@ def exported_programs(file) -> dict:
     return load_pt2(file).exported_programs
 
 
+def exported_program(archive, name: str):
+    """One exported program of a PT2 archive, the others left unread: deserializing a graph is most of a program's
+    load, and a compile worker needs only its own."""
+    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_exported_programs
+
+    quicker_program_reads()
+    with PT2ArchiveReader(str(archive)) as reader:
+        return _load_exported_programs(reader, [f"models/{name}.json"], None)[name]
+
+
 def quicker_program_reads() -> None:
     """torch's exported-program reader (`serde.serialize._dict_to_dataclass`) asks `typing.get_type_hints` about
     a schema class for every serialized node, tensor and argument: 93,000 times for the tiny model's fallback, a
