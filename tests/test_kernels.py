@@ -89,11 +89,12 @@ from triton._C.libtriton import ir
 from triton.runtime.interpreter import _convert_float  # the interpreter's own fp8 cast (see the test)
 from sam3_aoti.runtime.gelu_groups import launch_gelu_groups, reference
 torch.manual_seed(0)
-for m, k in [(37, 256), (64, 384), (1, 128)]:  # rows that fill a program's block and rows that do not
+launches = [{}, {"rows": 16, "groups_first": True}]  # the default launch and the other grid order
+for (m, k), launch in [(shape, launch) for shape in [(37, 256), (64, 384), (1, 128)] for launch in launches]:
     x = (torch.randn(m, k) * torch.logspace(-2, 1, k // 128).repeat_interleave(128)).half()
     x[0, :128] = -20.0  # a group GELU takes to zero
     bias = torch.randn(k).half()
-    (values, scales), (_, want_scales) = launch_gelu_groups(x, bias), reference(x, bias)
+    (values, scales), (_, want_scales) = launch_gelu_groups(x, bias, **launch), reference(x, bias)
     assert values.dtype == torch.float8_e4m3fn and values.shape == (m, k) and scales.shape == (k // 128, m)
     torch.testing.assert_close(scales, want_scales, rtol=2e-3, atol=0)  # a GELU a step off may own a max
     quotients = (torch.nn.functional.gelu(x + bias).float().reshape(m, -1, 128) / want_scales.t()[..., None])
@@ -109,7 +110,7 @@ def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpr
     """The Triton kernel of the op `sam3_aoti::gelu_quantize_groups` (the fp8 MLP's bias, GELU and 1 x 128 group
     quantization in one pass), run by Triton's CPU interpreter, gives the e4m3 values and scales of its torch
     form (`reference`), for row counts that fill a program's block and that do not, groups decades apart in
-    magnitude and one that GELU zeroes. The interpreter's casts are not CUDA's (it truncates to bf16, and its
+    magnitude and one that GELU zeroes, in both grid orders. The interpreter's casts are not CUDA's (it truncates to bf16, and its
     e4m3 rounding drops the carry into the exponent), so the input is fp16 and each value is held to the
     interpreter's own round-to-nearest cast of the torch form's quotient: what is under test is the kernel's
     arithmetic and layout up to the cast; tests/test_gpu.py checks bf16 and the cast against torch on CUDA."""

@@ -31,6 +31,8 @@ E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 MIN_SCALE_AMAX = 1e-12  # an all-zero group gets a finite scale (its values quantize to 0 all the same)
 GROUP = 128  # a scale's group: 1 x GROUP activations
 ROWS = 32  # rows a program quantizes (one group of each)
+NUM_WARPS = 4
+GROUPS_FIRST = False  # the grid's fastest axis: the groups of the same rows (True) or the next rows' block (False)
 
 
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,9 +55,11 @@ if triton is not None:
     @triton.jit
     def _gelu_quantize_groups_kernel(x_ptr, bias_ptr, values_ptr, scales_ptr, m, k, stride_x,
                                      ROWS: tl.constexpr, GROUP: tl.constexpr, E4M3_MAX: tl.constexpr,
-                                     MIN_AMAX: tl.constexpr):
-        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # M * K passes 2^31 at 64 images
-        cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+                                     MIN_AMAX: tl.constexpr, GROUPS_FIRST: tl.constexpr):
+        row_block, group = (tl.program_id(1), tl.program_id(0)) if GROUPS_FIRST else (tl.program_id(0),
+                                                                                     tl.program_id(1))
+        rows = (row_block * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # M * K passes 2^31 at 64 images
+        cols = group * GROUP + tl.arange(0, GROUP)
         inside = rows[:, None] < m
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=inside, other=0.0)
         bias = tl.load(bias_ptr + cols)
@@ -64,19 +68,22 @@ if triton is not None:
         scale = tl.maximum(tl.max(tl.abs(y), axis=1), MIN_AMAX) / E4M3_MAX
         values = tl.clamp(tl.math.div_rn(y, scale[:, None]), -E4M3_MAX, E4M3_MAX)
         tl.store(values_ptr + rows[:, None] * k + cols[None, :], values.to(tl.float8e4nv), mask=inside)
-        tl.store(scales_ptr + tl.program_id(1) * m + rows, scale, mask=rows < m)
+        tl.store(scales_ptr + group * m + rows, scale, mask=rows < m)
 
 
-def launch_gelu_groups(x: torch.Tensor, bias: torch.Tensor, wrap=lambda kernel: kernel):
+def launch_gelu_groups(x: torch.Tensor, bias: torch.Tensor, wrap=lambda kernel: kernel, rows: int = ROWS,
+                       num_warps: int = NUM_WARPS, groups_first: bool = GROUPS_FIRST):
     """The kernel on `x [M, K]` (K a multiple of 128, rows contiguous) and `bias [K]`; `wrap`:
     `torch.library.wrap_triton` inside the op (so export and AOTInductor trace it), identity when called directly
-    (Triton's interpreter in the tests)."""
+    (Triton's interpreter in the tests). `rows`, `num_warps` and `groups_first` are the launch's shape
+    (`experiments/gelu_groups_tune.py` times them); every choice computes the same values."""
     m, k = x.shape
     values = torch.empty((m, k), dtype=E4M3, device=x.device)
     scales = torch.empty((k // GROUP, m), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, ROWS), k // GROUP)
-    wrap(_gelu_quantize_groups_kernel)[grid](x, bias, values, scales, m, k, x.stride(0), ROWS=ROWS, GROUP=GROUP,
-                                             E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_SCALE_AMAX)
+    grid = (k // GROUP, triton.cdiv(m, rows)) if groups_first else (triton.cdiv(m, rows), k // GROUP)
+    wrap(_gelu_quantize_groups_kernel)[grid](x, bias, values, scales, m, k, x.stride(0), ROWS=rows, GROUP=GROUP,
+                                             E4M3_MAX=E4M3_MAX, MIN_AMAX=MIN_SCALE_AMAX,
+                                             GROUPS_FIRST=groups_first, num_warps=num_warps)
     return values, scales
 
 
