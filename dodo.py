@@ -13,7 +13,7 @@ from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, r
 from tasks.cache import push_built
 from tasks.runs import RecordedChecksums, guard
 from sam3_aoti.pipeline.paths import DEFAULT_CASES, PIN_TABLE, ToolchainPaths
-from sam3_aoti.pipeline.settings import gpu_model, package_version
+from sam3_aoti.pipeline.settings import compared_shapes, gpu_model, package_version
 from sam3_aoti.runtime.integrity import digest_file
 from sam3_aoti.toolchain.cuda_toolkit import machine_toolkit_matters
 
@@ -91,10 +91,18 @@ def task_package():
                       [PATHS.package, PATHS.fallback_package, *map(digest_file, [PATHS.package, PATHS.fallback_package])])
 
 
+def task_reference():
+    # Beside export and compile (it needs only the weights): the eager model's load and runs leave verify.
+    return stage_task("reference", "Eager outputs on verify's inputs, computed while the package compiles",
+                      [*PATHS.checkpoint_files, PATHS.tokenizer_merges, DEFAULT_CASES], [PATHS.reference_index],
+                      inputs=compared_shapes(SETTINGS))
+
+
 def task_verify():
     # The checkpoint too: eager, the reference, is built from it (a substituted package brings no weights).
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
-                      [PATHS.package, PATHS.fallback_package, DEFAULT_CASES, *PATHS.checkpoint_files],
+                      [PATHS.package, PATHS.fallback_package, DEFAULT_CASES, *PATHS.checkpoint_files,
+                       PATHS.reference_index],
                       [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 

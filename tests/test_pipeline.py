@@ -13,13 +13,13 @@ import pytest
 
 from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
-STAGES = {"toolchain", "weights", "export", "fallback", "compile", "package", "verify", "render"}
+STAGES = {"toolchain", "weights", "export", "reference", "fallback", "compile", "package", "verify", "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
     art = built_repo / TINY
     for rel in ["weights/checkpoint/model.safetensors", "export/programs.pt2", "export/program.json",
-                "export/programs.portable.pt2",
+                "export/programs.portable.pt2", "reference/index.json",
                 "compiled/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
                 "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
                 *(f"logs/{s}.log" for s in STAGES)]:
@@ -34,7 +34,10 @@ def test_first_run_builds_every_stage(built_repo):
     assert manifest["stages"]["export"]["torch"] != "absent"
     cases = len(re.findall(r"^## ", (art / "render" / "index.md").read_text(), re.M))
     render_log = (art / "logs" / "render.log").read_text()
-    assert f"eager outputs: {cases} of {cases} from verify's cache" in render_log  # eager ran once, in verify
+    assert f"eager outputs: {cases} of {cases} from the reference cache" in render_log  # eager ran once, in reference
+    verify_log = (art / "logs" / "verify.log").read_text()
+    assert re.search(r"eager reference: (\d+) of \1 from the reference cache", verify_log), verify_log
+    assert "loaded the eager model" not in verify_log  # beside the compile, not on the way to the pictures
 
 
 def test_second_run_executes_nothing(built_repo):
@@ -66,7 +69,7 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(own_build):
     manifest = json.loads((own_build / TINY / "manifest.json").read_text())
     assert manifest["stages"]["verify"]["verified"] is False
     log = (own_build / TINY / "logs" / "verify.log").read_text()
-    hits, total = map(int, re.search(r"eager reference: (\d+) of (\d+) from cache", log).groups())
+    hits, total = map(int, re.search(r"eager reference: (\d+) of (\d+) from the reference cache", log).groups())
     assert hits == total > 0  # the rerun did not run the eager model again
 
 

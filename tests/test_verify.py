@@ -42,11 +42,14 @@ def test_a_perturbed_package_fails_the_gates(built_repo, tmp_path):
     transforms = ImageTransforms(model.config.vision_config.backbone_config.image_size)
     cases = load_cases()[:2]
     cache = verify.ReferenceCache(tmp_path / "reference", {"test": 1})
-    honest = verify.run_checks(settings, package, package, eager, transforms, cases, cache)
+    calls = []  # each time verify asks for the eager model: once per input the cache lacks
+    eager_model = lambda: calls.append(1) or eager  # noqa: E731
+    honest = verify.run_checks(settings, package, package, eager_model, transforms, cases, cache)
     assert all(r.ok for r in honest)
-    assert cache.hits == 0
-    rows = verify.run_checks(settings, Perturbed(package), package, eager, transforms, cases, cache)
-    assert cache.hits == len(verify.sweep_shapes(settings.stage("verify"))) + len(cases)  # eager ran once
+    compared = len(verify.sweep_shapes(settings.stage("verify"))) + len(cases)
+    assert cache.hits == 0 and len(calls) == compared
+    rows = verify.run_checks(settings, Perturbed(package), package, eager_model, transforms, cases, cache)
+    assert cache.hits == compared and len(calls) == compared  # eager ran once per input, never asked for again
     failed = {r.metric for r in rows if not r.ok and r.backend == "aoti"}
     assert {"pred_boxes max|diff|", "top-5 matched box max|diff|", "pred_masks max|diff|"} <= failed
     assert all(r.ok for r in rows if r.backend.startswith("exported"))

@@ -152,15 +152,19 @@ def load_model(settings: Settings):
     return Sam3Model.from_pretrained(checkpoint_folder(settings)).eval()
 
 
-def reference_transforms(settings: Settings):
-    """The eager image transforms, from the checkpoint's config alone: no weights read (render needs no model
-    when verify's cache holds every eager output)."""
+def checkpoint_config(settings: Settings):
+    """The checkpoint's `Sam3Config`, no weights read."""
     from transformers import Sam3Config
 
+    return Sam3Config.from_pretrained(checkpoint_folder(settings))
+
+
+def reference_transforms(settings: Settings):
+    """The eager image transforms, from the checkpoint's config alone: no weights read (verify and render need
+    no model when the `reference` stage's cache holds every eager output)."""
     from .grounding import ImageTransforms
 
-    config = Sam3Config.from_pretrained(checkpoint_folder(settings))
-    return ImageTransforms(config.vision_config.backbone_config.image_size)
+    return ImageTransforms(checkpoint_config(settings).vision_config.backbone_config.image_size)
 
 
 def eager_reference(settings: Settings):

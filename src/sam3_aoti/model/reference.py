@@ -1,5 +1,7 @@
-"""Eager outputs on disk (`verify/reference/`), so a re-compile re-runs only the package, never the slow
+"""Eager outputs on disk (`reference/`), so a re-compile re-runs only the package, never the slow
 full-size eager model, and `render` draws eager's side from what `verify` computed instead of running it again.
+The `reference` stage fills it beside export and compile (`compared_inputs`: verify's inputs, built the same
+way), so verify, on the critical path of a fresh build, loads no eager model at all.
 
 Keyed by everything an output depends on: the weights (their hash in the manifest), the model code, device,
 precision, library versions, and the inputs' bytes. Bounded and cleaned: after each verify only the entries
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..pipeline.paths import ProfilePaths
@@ -80,3 +83,41 @@ def wrapper_code_digest() -> str:
     for path in files:
         h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One input verify runs the package and eager on: a sweep shape's random inputs, or a case's photograph."""
+    label: str  # "sweep B=2 P=3", or the case's name
+    inputs: tuple  # eager's: (images, token_ids), a case's images already through the eager transforms, + boxes
+    with_boxes: bool = False  # through `eager.with_boxes` (a case of exemplar boxes)
+    image: object = None  # a case's picture as the package takes it (uint8 on the device); None for a sweep
+
+
+def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
+    """verify's (B, P) shapes: `[verify] shapes`, and `largest_shape` when it is not one of them."""
+    shapes = [tuple(s) for s in opts["shapes"]]
+    if opts.get("largest_shape") and tuple(opts["largest_shape"]) not in shapes:
+        shapes.append(tuple(opts["largest_shape"]))
+    return shapes
+
+
+def compared_inputs(settings: Settings, config, cases, encode_prompts, transforms, device):
+    """Every `Compared` of verify, in its order: the sweep, then the cases (`encode_prompts`: the package's
+    tokenizer, or the same merges read from the weights stage; `transforms`: eager's)."""
+    from ..runtime.postprocess import to_tensor
+    from .configs import example_inputs
+
+    for b, p in sweep_shapes(settings.stage("verify")):
+        yield Compared(f"sweep B={b} P={p}", example_inputs(config, b, p, seed=b * 10 + p, device=device))
+    for case in cases:
+        picture = case.load_image()
+        image = to_tensor(picture, device)
+        token_ids = encode_prompts(list(case.prompts)).to(device)
+        boxes = tuple(t.to(device) for t in case.exemplars(picture.shape[1], picture.shape[0])) if case.boxes else ()
+        yield Compared(case.name, (transforms(image), token_ids, *boxes), bool(case.boxes), image)
+
+
+def eager_outputs(cache: ReferenceCache, item: Compared, eager) -> tuple:
+    """Eager's outputs on `item`, from the cache, else computed by `eager()` (a model loaded only when needed)."""
+    return cache.get(item.inputs, lambda *a: (eager().with_boxes if item.with_boxes else eager())(*a))

@@ -171,8 +171,14 @@ class ProfilePaths:
 
     @property
     def reference_cache(self) -> Path:
-        """Eager outputs verify computed, for the next verify and for render (model.reference)."""
-        return self.root / "verify" / "reference"
+        """Eager outputs on verify's inputs, computed by the `reference` stage (or verify, on a miss), for verify
+        and render (model.reference)."""
+        return self.root / "reference"
+
+    @property
+    def reference_index(self) -> Path:
+        """What the `reference` stage computed: its entries, by label."""
+        return self.reference_cache / "index.json"
 
     @property
     def settings(self) -> Path:

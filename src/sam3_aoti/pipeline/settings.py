@@ -183,3 +183,9 @@ def load_settings(
         raise ConfigError(f"unknown toolkit={toolkit!r}: use pinned (the pip wheels uv.lock pins) or machine")
     root = Path(artifacts) if artifacts else REPO_ROOT / "artifacts"
     return Settings(profile, device, precision, weights, config_path, root, tables, notice, toolkit)
+
+
+def compared_shapes(settings: Settings) -> dict:
+    """What of `[verify]` decides verify's inputs, and so the `reference` stage's outputs (not its tolerances)."""
+    opts = settings.stage("verify")
+    return {key: opts.get(key) for key in ("shapes", "largest_shape")}

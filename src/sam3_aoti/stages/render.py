@@ -72,8 +72,8 @@ def run(settings: Settings) -> None:
     cases = load_cases()
     package = load_package(paths.package)
     transforms = reference_transforms(settings)
-    eager = functools.cache(lambda: eager_reference(settings)[0])  # loaded only if verify's cache lacks a case
-    cache = ReferenceCache.of(settings)  # verify computed eager on these very inputs: drawn from disk
+    eager = functools.cache(lambda: eager_reference(settings)[0])  # loaded only if the reference cache lacks a case
+    cache = ReferenceCache.of(settings)  # the reference stage computed eager on these very inputs: drawn from disk
     cached_eager = lambda images, token_ids: cache.get((images, token_ids), lambda *a: eager()(*a))  # noqa: E731
     threshold, top_k = opts["score_threshold"], opts["max_instances"]
     random_note = " (random weights)" if settings.weights == "random" else ""
@@ -118,7 +118,7 @@ def run(settings: Settings) -> None:
         score_scatter(points).save(tmp / "scores.png")
         lines.insert(4, "![scores](scores.png)\n")
         (tmp / "index.md").write_text("\n".join(lines))
-    log.info("eager outputs: %d of %d from verify's cache", cache.hits, len(cases))
+    log.info("eager outputs: %d of %d from the reference cache", cache.hits, len(cases))
     record(paths.manifest, "render", [paths.render_dir], settings.fingerprint("render"))
     log.info("pictures: %s (shown in %s)", paths.render_dir, paths.verify_report_html)
 

@@ -10,7 +10,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import DriftError
-from ..model.reference import ReferenceCache
+from ..model.reference import ReferenceCache, compared_inputs, eager_outputs, sweep_shapes
 from ..pipeline.artifacts import mark, record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.report import Check, Gate, Report, apply_gates, margin, summarize, write_report
@@ -59,59 +59,46 @@ def expected_shapes(config, n: int) -> list[tuple]:
     return [(n, queries, 1), (n, queries, 4), (n, queries, side, side), (n, 1)]
 
 
-def sweep_shapes(opts: dict) -> list[tuple[int, int]]:
-    shapes = [tuple(s) for s in opts["shapes"]]
-    if opts.get("largest_shape") and tuple(opts["largest_shape"]) not in shapes:
-        shapes.append(tuple(opts["largest_shape"]))
-    return shapes
-
-
-def run_checks(settings: Settings, package, fallback, eager, eager_transforms, cases, cache) -> list[Check]:
+def run_checks(settings: Settings, package, fallback, eager, transforms, cases, cache) -> list[Check]:
+    """Every row: the package and its fallback, each way they run, against eager (`eager()`: the model, loaded
+    only for an input the `reference` stage did not compute)."""
     import torch
 
-    from ..model.configs import example_inputs
+    from ..model.checkpoints import checkpoint_config
     from ..pipeline.metrics import compare
-    from ..runtime.postprocess import to_tensor
 
     opts = settings.stage("verify")
     tol = opts["tolerances"][settings.spec.tolerances]
     band = tol.get("mask_band", 0.0)
-    device = torch.device(settings.device)
-    config = eager.model.config
+    config = checkpoint_config(settings)
     backends = {"aoti": package, "exported": fallback}
     ways = {backend: ways_to_run(pkg) for backend, pkg in backends.items()}
     runs = {f"{backend}{how}": run for backend, by_way in ways.items() for how, run in by_way.items()}
     rows: list[Check] = []
     with torch.no_grad():
-        for b, p in sweep_shapes(opts):
-            label = f"sweep B={b} P={p}"
-            args = example_inputs(config, b, p, seed=b * 10 + p, device=device)
-            reference = cache.get(args, eager)
-            want = expected_shapes(config, b * p)
-            for backend, run in runs.items():
-                out = run(*args)
-                got = [tuple(o.shape) for o in out]
-                rows.append(Check(backend, label, "output shapes", "match" if got == want else str(got),
-                                  "as expected", got == want))
-                if got == want:
-                    rows += gate(compare(out, reference, mask_band=band), tol, backend, label)
-        for case in cases:
-            picture = case.load_image()
-            image = to_tensor(picture, device)
-            token_ids = package.encode_prompts(list(case.prompts)).to(device)
-            ref_images = eager_transforms(image)
-            if case.boxes:  # exemplars: through the parts (encode_image, encode_boxes, decode), against eager's
-                boxes = tuple(t.to(device) for t in case.exemplars(picture.shape[1], picture.shape[0]))
-                reference = cache.get((ref_images, token_ids, *boxes), eager.with_boxes)
-            else:
-                reference = cache.get((ref_images, token_ids), eager)
+        for item in compared_inputs(settings, config, cases, package.encode_prompts, transforms,
+                                    torch.device(settings.device)):
+            reference = eager_outputs(cache, item, eager)
+            if item.image is None:  # a sweep shape: every way of every backend, shapes first
+                want = expected_shapes(config, item.inputs[0].shape[0] * item.inputs[1].shape[0])
+                for backend, run in runs.items():
+                    out = run(*item.inputs)
+                    got = [tuple(o.shape) for o in out]
+                    rows.append(Check(backend, item.label, "output shapes", "match" if got == want else str(got),
+                                      "as expected", got == want))
+                    if got == want:
+                        rows += gate(compare(out, reference, mask_band=band), tol, backend, item.label)
+                continue
+            ref_images, token_ids, *boxes = item.inputs
             for backend, pkg in backends.items():
-                images = pkg.transforms(image)
+                images = pkg.transforms(item.image)
                 diff = float((images - ref_images).abs().max())
-                rows.append(Check(backend, case.name, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                runs = {" boxes": lambda i, t, p=pkg: p.model_with_boxes(i, t, *boxes)} if case.boxes else ways[backend]
-                for how, run in runs.items():
-                    rows += gate(compare(run(images, token_ids), reference, mask_band=band), tol, backend + how, case.name)
+                rows.append(Check(backend, item.label, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
+                case_runs = ({" boxes": lambda i, t, p=pkg: p.model_with_boxes(i, t, *boxes)} if item.with_boxes
+                        else ways[backend])  # exemplars: through the parts (encode_image, encode_boxes, decode)
+                for how, run in case_runs.items():
+                    rows += gate(compare(run(images, token_ids), reference, mask_band=band), tol, backend + how,
+                                 item.label)
     return rows
 
 
@@ -150,7 +137,7 @@ def verify_report(settings: Settings, paths: ProfilePaths, rows: list[Check], ba
 
 
 def timed(what: str, load, *args):
-    """`load(*args)`, its seconds logged: verify's first minute at full size is these three loads, side by side."""
+    """`load(*args)`, its seconds logged: verify's wait before its first check is these loads."""
     import time
 
     t0 = time.perf_counter()
@@ -160,7 +147,9 @@ def timed(what: str, load, *args):
 
 
 def run(settings: Settings) -> None:
-    from ..model.checkpoints import eager_reference
+    import functools
+
+    from ..model.checkpoints import eager_reference, reference_transforms
     from ..pipeline.cases import load_cases
     from ..runtime.loader import load_exported, load_package
 
@@ -171,20 +160,19 @@ def run(settings: Settings) -> None:
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
-    with ThreadPoolExecutor(2) as loader:  # the eager model and the fallback load while the package loads
-        reference = loader.submit(timed, "the eager model", eager_reference, settings)
+    with ThreadPoolExecutor(1) as loader:  # the fallback loads while the package loads
         exported = loader.submit(timed, "the exported fallback", load_exported, paths.package)
         package = timed("the package", load_package, paths.package)
         if package.fallback_reason:
             raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                              f"rebuild with `uv run doit compile device={settings.device}`")
         fallback = package.exported_only(exported.result())
-        eager, transforms = reference.result()
     log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
              package.backends)
     cache = ReferenceCache.of(settings)
-    rows = run_checks(settings, package, fallback, eager, transforms, cases, cache)
-    log.info("eager reference: %d of %d from cache", cache.hits, len(sweep_shapes(settings.stage("verify"))) + len(cases))
+    eager = functools.cache(lambda: timed("the eager model", eager_reference, settings)[0])  # on a miss only
+    rows = run_checks(settings, package, fallback, eager, reference_transforms(settings), cases, cache)
+    log.info("eager reference: %d of %d from the reference cache", cache.hits, len(cache.used))
     cache.prune()
     for r in rows:
         log.debug("%s", r.line())
