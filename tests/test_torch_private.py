@@ -35,3 +35,45 @@ def test_programs_read_with_the_kept_type_hints_are_the_programs_torch_reads():
     proc = subprocess.run([sys.executable, "-c", READ_TWICE], cwd=REPO, capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+WRITE_TWICE = """
+import io, torch
+from torch.export.pt2_archive._package import package_pt2
+from torch._export.serde import serialize
+from sam3_aoti.runtime.torch_private import quicker_program_writes
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x)).sum(-1)
+
+program = torch.export.export(Net(), (torch.randn(2, 5),), dynamic_shapes=({0: torch.export.Dim("b")},))
+saved = []
+for quick in (False, True):
+    if quick:
+        quicker_program_writes()
+    copies = []
+    real = serialize.copy.deepcopy
+    serialize.copy.deepcopy = lambda value, memo=None: copies.append(1) or real(value, memo)
+    buffer = io.BytesIO()
+    package_pt2(buffer, exported_programs={"net": program})
+    serialize.copy.deepcopy = real
+    assert copies, "the writer no longer copies the program for its check: the shim is not needed"
+    saved.append(buffer.getvalue())
+assert serialize.copy is not __import__("copy"), "not installed"
+assert saved[0] == saved[1]
+print("ok")
+"""
+
+
+def test_programs_written_with_the_quicker_copy_are_the_bytes_torch_writes():
+    """`quicker_program_writes` copies the program for torch's canonical-form check by pickle: the archive is
+    byte for byte the one torch's own writer gives, and the writer still makes that copy (else the shim has no
+    reason to exist). In a fresh process: the writer is patched for good."""
+    proc = subprocess.run([sys.executable, "-c", WRITE_TWICE], cwd=REPO, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -166,6 +166,9 @@ def save_programs(programs: dict, path) -> None:
     from torch.export.pt2_archive._package import _package_exported_programs
     from torch.fx import GraphModule
 
+    from ..runtime.torch_private import quicker_program_writes
+
+    quicker_program_writes()
     for program in programs.values():
         for module in program.graph_module.modules():
             if isinstance(module, GraphModule):

@@ -117,3 +117,32 @@ def quicker_program_reads() -> None:
     shim.__dict__.update(vars(typing))
     shim.get_type_hints = get_type_hints
     serialize.typing = shim
+
+
+def quicker_program_writes() -> None:
+    """torch's exported-program writer checks that each serialized program has a canonical form
+    (`serialize.canonicalize`, whose result it drops) on a `copy.deepcopy` of the program's whole schema tree:
+    most of a save. The check still runs; the copy is made by a pickle round trip, which gives equal objects
+    several times faster (a tree of schema dataclasses, strings and numbers), and by `copy.deepcopy` for anything
+    pickle refuses. Only that module's `copy` is replaced, and only while it is the real one."""
+    import copy
+    import pickle
+    import types
+
+    from torch._export.serde import serialize
+
+    if getattr(serialize, "copy", None) is not copy:
+        return  # done already, or another torch whose writer this does not know
+
+    def deepcopy(value, memo=None):
+        if memo is None:
+            try:
+                return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+            except Exception:  # noqa: BLE001 - whatever pickle cannot carry, copy's own way does
+                pass
+        return copy.deepcopy(value, memo)
+
+    shim = types.ModuleType("copy")
+    shim.__dict__.update(vars(copy))
+    shim.deepcopy = deepcopy
+    serialize.copy = shim
