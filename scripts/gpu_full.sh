@@ -54,8 +54,9 @@
 #          actor's steps run on fresh's package once the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
-#   kernels: no build: the fp8 part's GPU tests and experiments/vit_mlp_fp8.py, last, alone on the GPU (after every
-#          bench), for a run that measures other parts and cannot spare an fp8 build
+#   kernels: no build: the fp8 part's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
+#          shapes (experiments/gelu_groups_tune.py), last, alone on the GPU (after every bench), for a run that
+#          measures other parts and cannot spare an fp8 build
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -320,6 +321,7 @@ fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experime
     step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
         tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory"
     step vit-mlp-fp8 scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8"
+    step gelu-groups-tune scripts/gpu_run.sh --python experiments/gelu_groups_tune.py --out "$RESULTS/gelu-groups-tune"
 }
 
 run_all() {
@@ -392,7 +394,7 @@ pack() {
         local name=${root#"$WORK"/}
         name=${name%/artifacts}
         mkdir -p "$staging/${name//\//_}"
-        (cd "$root" && find . -path '*/verify/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
+        (cd "$root" && find . -path '*/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
             \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' -o -name 'throughput.*' \
             -o -path '*/compiled/index.json' -o -path '*/tuning/index.json' \
             -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json \) -print0 | tar --null -T - -cf -) \
