@@ -403,7 +403,32 @@ def test_the_vector_isa_verdict_is_kept_per_machine_and_told_to_inductor(tmp_pat
         assert vec_isa.skip_known_isa_check() is verdict  # kept: not checked again
         assert config.cpp.vec_isa_ok is (True if verdict else None)
     assert checks == [False, True]
-    assert sorted(p.name for p in (tmp_path / "vec-isa").iterdir()) == ["machine-False.json", "machine-True.json"]
+    assert sorted(p.name for p in (tmp_path / "vec-isa").glob("*.json")) == ["machine-False.json", "machine-True.json"]
+
+
+def test_processes_that_start_together_check_the_vector_isas_once(tmp_path, monkeypatch):
+    """Two compiles that start at once (two threads here, each opening the lock as a process would): one checks,
+    the other waits for its verdict and skips the check."""
+    import threading
+    import time
+
+    import torch._inductor.config as config
+
+    from sam3_aoti.aoti import vec_isa
+
+    monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path))
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    monkeypatch.setattr(vec_isa.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(vec_isa, "_key", lambda: "machine")
+    checks = []
+    monkeypatch.setattr(vec_isa, "all_isas_build", lambda: checks.append(1) or time.sleep(0.5) or True)
+    skipped = []
+    threads = [threading.Thread(target=lambda: skipped.append(vec_isa.skip_known_isa_check())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert checks == [1] and sorted(skipped) == [False, True]
 
 
 @pytest.mark.slow  # Inductor builds and loads its ISA test libraries

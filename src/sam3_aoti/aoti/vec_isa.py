@@ -5,7 +5,9 @@ library and loads it in a `python -c "import torch"` subprocess, about 10 s a pr
 that compiles (a compile worker per model, bench's parts, tune), CUDA builds included (the wrapper is C++). The
 verdict depends only on torch, the C++ compiler and the CPU, so the first process keeps it in the user's cache
 (`vec-isa/KEY.json`) and later ones tell Inductor (`cpp.vec_isa_ok`): where every ISA the CPU reports built,
-the check is skipped; where one did not, Inductor checks again as it always does.
+the check is skipped; where one did not, Inductor checks again as it always does. Processes that start together
+(a build's compile workers, two builds side by side) wait for the one that checks, under a lock, instead of each
+checking: on 2 cores each check took its 10 s from the others.
 """
 
 from __future__ import annotations
@@ -64,17 +66,33 @@ def skip_known_isa_check() -> bool:
     import torch._inductor.config as config
 
     record = cache_dir() / "vec-isa" / f"{_key()}.json"
-    try:
-        known = json.loads(record.read_text()).get("all_build")
-    except (OSError, ValueError, AttributeError):
-        known = None
-    if known is True:
+    if _verdict(record) is None and not _check_once(record):
+        return False  # checked here, now (Inductor keeps the result for this process)
+    if _verdict(record) is True:
         config.cpp.vec_isa_ok = True
         return True
-    if known is None:
-        try:
-            record.parent.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+def _verdict(record: Path) -> bool | None:
+    try:
+        return json.loads(record.read_text()).get("all_build")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _check_once(record: Path) -> bool:
+    """Check and keep the verdict, unless another process did while this one waited for the lock; returns whether
+    the verdict came from another process. A cache it cannot write: every process checks, as Inductor does."""
+    import fcntl
+
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with open(record.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _verdict(record) is not None:
+                return True
             write_text_atomic(record, json.dumps({"all_build": all_isas_build()}) + "\n")
-        except OSError:
-            pass  # a read-only cache: every process checks, as Inductor does
+    except OSError:
+        pass
     return False
