@@ -54,10 +54,13 @@ def task_export():
 
 
 def task_fallback():
-    # Beside compile (doit runs two tasks at once): it reads the export, and only package reads it.
+    # Beside compile (doit runs two tasks at once): it reads the export, and only package and verify read it. It
+    # measures itself against the reference stage's eager outputs, so verify need not load it after the package.
     return stage_task("fallback", "The exported programs with the custom ops in torch ops: the fallback torch alone loads",
-                      [PATHS.exported, *PATHS.checkpoint_files], [PATHS.exported_portable],
-                      export=SETTINGS.stage("export"))
+                      [PATHS.exported, PATHS.program_digest, *PATHS.checkpoint_files, PATHS.tokenizer_merges,
+                       PATHS.reference_index, DEFAULT_CASES],
+                      [PATHS.exported_portable, PATHS.fallback_drift],
+                      export=SETTINGS.stage("export"), inputs=compared_shapes(SETTINGS))
 
 
 def task_tune():
@@ -102,7 +105,7 @@ def task_verify():
     # The checkpoint too: eager, the reference, is built from it (a substituted package brings no weights).
     return stage_task("verify", "Gate the package: shape sweep and real photographs, AOTI vs eager",
                       [PATHS.package, PATHS.fallback_package, DEFAULT_CASES, *PATHS.checkpoint_files,
-                       PATHS.reference_index],
+                       PATHS.reference_index, PATHS.fallback_drift],
                       [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html])
 
 

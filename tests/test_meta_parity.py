@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from sam3_aoti.stages import verify
+from sam3_aoti.measure import drift
 from sam3_aoti.pipeline.cases import load_cases
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.model.meta_keys import to_meta
@@ -102,7 +102,7 @@ def test_package_matches_metas_sam3_query_by_query(meta, built_repo):
             theirs = tuple(t.reshape(o.shape) for t, o in zip(theirs, ours))
             row = case_row(case, ours, theirs)
             for name in OUTPUT_NAMES:
-                limit = verify.output_limit(tol, row[name]["ref_max_abs"])
+                limit = drift.output_limit(tol, row[name]["ref_max_abs"])
                 assert row[name]["max_abs"] <= limit, f"{case.name} {name}: {row[name]['max_abs']:.3g} > {limit}"
             rows.append(row)
     assert all(c.ok for c in check(rows, settings.stage("parity")["tolerances"]["fp32"]))
@@ -124,7 +124,7 @@ def test_a_swapped_weight_is_seen_by_the_meta_comparison(meta, built_repo, tmp_p
         swapped = Sam3Grounding(model).eval()(pixels[0], package.encode_prompts(cases[0].prompts))
     theirs = tuple(t.reshape(o.shape) for t, o in zip(result["outputs"][0], swapped))
     row = case_row(cases[0], swapped, theirs)
-    assert row["pred_logits"]["max_abs"] > 100 * verify.output_limit({"max_abs": 1e-5, "max_rel": 1e-4},
+    assert row["pred_logits"]["max_abs"] > 100 * drift.output_limit({"max_abs": 1e-5, "max_rel": 1e-4},
                                                                      row["pred_logits"]["ref_max_abs"])
 
 

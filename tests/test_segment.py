@@ -319,6 +319,34 @@ def test_a_model_actor_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(
             same_instances(copies[0], other)
 
 
+def read_only_pixels(table):
+    """`decode_batch`'s table with its pixels in a read-only buffer, as Ray's shared-memory object store holds a
+    batch too large to pass inline (small test batches are passed inline, in writable memory)."""
+    import pyarrow as pa
+
+    pixels = table.column("pixels").combine_chunks()
+    validity, offsets, data = pixels.buffers()
+    frozen = pa.py_buffer(data.to_pybytes())  # bytes: read-only
+    assert not frozen.is_mutable
+    column = pa.Array.from_buffers(pixels.type, len(pixels), [validity, offsets, frozen], pixels.null_count)
+    return table.set_column(table.schema.get_field_index("pixels"), "pixels", column)
+
+
+def test_pixels_are_read_in_place_from_a_read_only_buffer():
+    """An image's bytes in a read-only Arrow buffer (Ray's shared memory) become a tensor over that very memory;
+    `torch.frombuffer` alone refuses such a buffer."""
+    import pyarrow as pa
+    import torch
+
+    from sam3_aoti.batch.worker import pixels_in_place
+
+    buffer = pa.py_buffer(bytes(range(12)))
+    with pytest.raises(RuntimeError, match="could not retrieve buffer"):
+        torch.frombuffer(buffer, dtype=torch.uint8)  # what the actor did before, on the H100
+    pixels = pixels_in_place(buffer, 2, 2)
+    assert pixels.shape == (2, 2, 3) and pixels.data_ptr() == buffer.address and pixels[1, 1, 2] == 11
+
+
 def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     """The Python form: `decode_batch`, `Segmenter` and `encode_masks` are what a user's own `map_batches` would
     call, and give what segment writes."""
@@ -332,6 +360,8 @@ def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     found = segmenter(decoded)  # the Arrow table, its pixels read in place, as segment's actors take it
     by_columns = segmenter(decoded.to_pydict())  # or its columns
     assert found.drop_columns(["seconds"]).equals(by_columns.drop_columns(["seconds"]))
+    shared = segmenter(read_only_pixels(decoded))  # as Ray's shared-memory store hands a large batch on
+    assert found.drop_columns(["seconds"]).equals(shared.drop_columns(["seconds"]))
     result = encode_masks(found.slice(1)).to_pylist()  # a slice, as Ray may hand a block on
     assert [r["source"] for r in result] == [str(p) for p in paths[1:]]
     assert all(r["error"] == "" and r["width"] > 0 for r in result)

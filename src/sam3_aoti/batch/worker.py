@@ -42,6 +42,16 @@ def columns_of(batch) -> tuple:
             [value.as_buffer() for value in batch.column("pixels")])
 
 
+def pixels_in_place(buffer, height: int, width: int):
+    """An image's decoded bytes as a uint8 `[height, width, 3]` tensor over the same memory, never written. Through
+    a memoryview: Ray's shared-memory object store hands a large batch's Arrow buffers read-only, and
+    `torch.frombuffer` refuses a read-only Arrow buffer ("could not retrieve buffer from object"), not a read-only
+    memoryview."""
+    import torch
+
+    return torch.frombuffer(memoryview(buffer), dtype=torch.uint8).view(height, width, 3)
+
+
 def coco_counts(bits, height: int, width: int) -> str:
     """A mask packed into bits column by column (`postprocess.pack_bits`) as COCO's compressed run-length `counts`
     (pycocotools' own codec): `{"size": [height, width], "counts": counts}` is what `pycocotools.mask.decode`
@@ -154,8 +164,7 @@ class Segmenter:
                 # the decoded bytes, read in place (never written: they are copied to the device, or into floats)
                 warnings.filterwarnings("ignore", "The given buffer is not writable")
                 pixels = torch.cat([self.package.transforms(to_tensor(
-                    torch.frombuffer(pixel_bytes[i], dtype=torch.uint8).view(*sizes[i], 3), self.device))
-                    for i in good])
+                    pixels_in_place(pixel_bytes[i], *sizes[i]), self.device)) for i in good])
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
                 kept = batch_instances(outputs, self.prompts, [sizes[i] for i in good], self.threshold)
             for i, image in zip(good, kept):

@@ -119,6 +119,11 @@ class ProfilePaths:
         return self.root / "export" / "programs.portable.pt2"
 
     @property
+    def fallback_drift(self) -> Path:
+        """The fallback's drift against eager, measured by its own stage beside the compile, for verify."""
+        return self.root / "export" / "fallback_drift.json"
+
+    @property
     def program_digest(self) -> Path:
         """What the compiled code depends on: graphs, signatures, weight layouts; not the weights' values."""
         return self.root / "export" / "program.json"

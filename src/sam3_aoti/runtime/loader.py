@@ -44,9 +44,7 @@ class Sam3Package:
         """The same package through its exported programs (the fallback beside it; `exported`: them, loaded
         already by `load_exported`)."""
         exported = exported or self.exported or load_exported(self.path)
-        runners = checked({name: exported[name].module() for name in models_of(self.metadata)}, self.metadata)
-        return Sam3Package(runners, {name: "exported" for name in runners}, self.metadata, self.merges_text,
-                           self.path, self.fallback_reason, exported, "off: exported programs")
+        return programs_package(exported, self.metadata, self.merges_text, self.path, self.fallback_reason)
 
     def __getitem__(self, name: str) -> Callable:
         return self.runners[name]
@@ -230,6 +228,15 @@ def models_in(path: Path, names) -> tuple[str, ...]:
 
 def models_of(metadata: dict) -> tuple[str, ...]:
     return MODEL_NAMES + tuple(n for n in PART_NAMES if n in metadata.get("models", {}))
+
+
+def programs_package(exported: dict, metadata: dict, merges_text: str, path: Path,
+                     fallback_reason: str | None = None) -> Sam3Package:
+    """Exported programs behind the package's interface (`metadata`'s models, checked calls, the tokenizer): the
+    fallback of a package, or the fallback stage's programs before any package exists."""
+    runners = checked({name: exported[name].module() for name in models_of(metadata)}, metadata)
+    return Sam3Package(runners, {name: "exported" for name in runners}, metadata, merges_text, path,
+                       fallback_reason, exported, "off: exported programs")
 
 
 def load_exported(path: Path, trust: bool = False, built_for: str = "") -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
 from ..pipeline.artifacts import check_free_space, mark, record, recorded_sha256
+from ..pipeline.package_metadata import interface_metadata
 from ..pipeline.paths import ProfilePaths
 from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
@@ -31,56 +32,15 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
     from ..pipeline.settings import package_version
-    from ..runtime import contract
-    from ..runtime.tokenizer import CONTEXT_LENGTH, END, PAD, SPECIAL_TOKENS, START
 
-    model_io, transforms_io = program["programs"]["model"], program["programs"]["transforms"]
-    images, _ = model_io["example_inputs"]
-    side = images["shape"][2:]
     return {
-        "format": contract.METADATA_FORMAT,
-        "profile": settings.profile,
+        **interface_metadata(settings, program, [name for name in PART_NAMES if name in index["models"]]),
         "variant": settings.variant,
         "weights": settings.weights,
         "random_weights": settings.weights == "random",
         "precision": settings.precision,
         "fp32_parts": list(settings.spec.fp32_parts),
         "fp8_parts": list(settings.spec.fp8_parts),
-        "device": settings.device,
-        "models": {
-            "model": {
-                "inputs": {
-                    "images": {"shape": ["batch", 3, *side], "dtype": "float32"},
-                    "token_ids": {"shape": ["num_prompts", CONTEXT_LENGTH], "dtype": "int64"},
-                },
-                "outputs": {name: {"shape": ["batch*num_prompts", *o["shape"][1:]], "dtype": o["dtype"]}
-                            for name, o in zip(contract.OUTPUT_NAMES, model_io["outputs"])},
-                "output_order": list(contract.OUTPUT_NAMES),  # the runner returns a tuple; json sorts the dict above
-                "dynamic_dims": {"batch": {"min": 1}, "num_prompts": {"min": 1}},
-                "pairing": contract.PAIRING,
-            },
-            "transforms": {
-                "inputs": {"images": {"shape": ["batch", 3, "height", "width"], "dtype": "float32",
-                                      "range": list(contract.IMAGE_RANGE)}},
-                "outputs": {"images": {"shape": ["batch", 3, *side], "dtype": transforms_io["outputs"][0]["dtype"]}},
-                "dynamic_dims": {"batch": {"min": 1}, "height": {"min": 2}, "width": {"min": 2}},
-                "normalize": {"mean": contract.IMAGE_MEAN, "std": contract.IMAGE_STD, "after_scale": 1 / 255},
-                "resize": contract.RESIZE,
-            },
-            **{name: part_metadata(program, name) for name in PART_NAMES if name in index["models"]},
-        },
-        "box_format": contract.BOX_FORMAT,
-        "exemplars": {"model": "encode_boxes", "box_format": contract.BOX_FORMAT, "max_boxes": contract.MAX_BOXES,
-                      "labels": {"positive": contract.POSITIVE, "negative": contract.NEGATIVE,
-                                 "padding": contract.PADDING},
-                      "prompt_without_phrase": contract.VISUAL_PROMPT} if "encode_boxes" in index["models"] else None,
-        "mask_format": contract.MASK_FORMAT,
-        "score": contract.SCORE,
-        "tokenizer": {"start": START, "end": END, "pad": PAD, "context_length": CONTEXT_LENGTH,
-                      "vocab_file": VOCAB_FILE, "attention_mask": "token_ids != 0",
-                      "special_tokens": list(SPECIAL_TOKENS),
-                      "clean": "ftfy.fix_text, html.unescape twice, whitespace runs to one space, strip, lower case",
-                      "reference": "Meta's sam3/model/tokenizer_ve.py SimpleTokenizer (open_clip's)"},
         "versions": {**index["platform"], "transformers": package_version("transformers")},
         "inductor_options": index["inductor_options"],
         "toolchain": index["toolchain"],
@@ -107,38 +67,6 @@ def weights_layout(index: dict) -> dict[str, list]:
         layouts[name] = [[c["name"], c["dtype"], c["shape"], c["stride"], c["offset"], c["bytes"], c["cuda"]]
                          for c in constants]
     return layouts
-
-
-def part_metadata(program: dict, name: str) -> dict:
-    """A split model's inputs and outputs (`contract`'s names), dim 0 named: images are `batch`, prompts
-    `num_prompts`, pairs both."""
-    from ..runtime import contract
-
-    image, text, pairs = ["batch"], ["num_prompts"], ["batch*num_prompts"]
-    inputs, input_dims, outputs, output_dims = {
-        "encode_image": (("images",), image, contract.IMAGE_FEATURES, image * len(contract.IMAGE_FEATURES)),
-        "encode_text": (("token_ids",), text, contract.TEXT_FEATURES, text * len(contract.TEXT_FEATURES)),
-        "encode_boxes": (contract.BOX_INPUTS, image * len(contract.BOX_INPUTS), contract.GEOMETRY,
-                         image * len(contract.GEOMETRY)),
-        "decode": (contract.DECODE_INPUTS, image * 6 + text * 2, contract.OUTPUT_NAMES,
-                   pairs * len(contract.OUTPUT_NAMES)),
-    }[name]
-    # the second dim, where it is dynamic: the boxes per image, and the geometry prompt's tokens (boxes + 1)
-    second = {"encode_boxes": {"boxes": "boxes", "box_labels": "boxes", "geometry_prompt": "boxes+1",
-                               "geometry_mask": "boxes+1"},
-              "decode": {"geometry_prompt": "geometry_tokens", "geometry_mask": "geometry_tokens"}}.get(name, {})
-    io = program["programs"][name]
-
-    def described(labels, firsts, tensors):
-        if len(tensors) != len(labels):
-            raise PackageError(f"the exported {name} has {len(tensors)} tensors where {len(labels)} were expected: "
-                               "run `uv run doit export` again")
-        return {n: {"shape": [d, *([second[n]] if n in second else t["shape"][1:2]), *t["shape"][2:]],
-                    "dtype": t["dtype"]} for n, d, t in zip(labels, firsts, tensors)}
-
-    return {"inputs": described(inputs, input_dims, io["example_inputs"]), "input_order": list(inputs),
-            "outputs": described(outputs, output_dims, io["outputs"]), "output_order": list(outputs),
-            **({"weights_from": "model"} if name in SHARED_WEIGHT_PARTS else {})}  # shared: the loader hands it model's tensors
 
 
 def check_shares_weights(exported: Path, index: dict, parts: list[str]) -> None:

@@ -9,111 +9,15 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import DriftError
-from ..model.reference import ReferenceCache, compared_inputs, eager_outputs, sweep_shapes
+from ..errors import DriftError, Sam3AotiError
+from ..measure.drift import fallback_key, gated, measure_drift
+from ..model.reference import ReferenceCache, sweep_shapes
 from ..pipeline.artifacts import mark, record
 from ..pipeline.paths import ProfilePaths
-from ..pipeline.report import Check, Gate, Report, apply_gates, margin, summarize, write_report
+from ..pipeline.report import Check, Report, margin, summarize, write_report
 from ..pipeline.settings import Settings
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
-
-
-# Pearson r only where it means something: the dense outputs. Boxes of a random model sit in a narrow range
-# and presence is one scalar per (image, prompt), so their r is noise over near-equal values (H200, bf16:
-# presence r = -0.5 over 3 prompts, |diff| <= 2.4e-4); max |diff| gates them.
-PEARSON_OUTPUTS = ("pred_logits", "pred_masks")
-
-# score-level checks: (gate on a metric of metrics.compare, its tolerance key)
-SCORE_GATES = [
-    (Gate("top-1 score |diff|", "top1_score_abs", "<="), "top1_score_abs"),
-    (Gate("top-5 index overlap (worst pair)", "top5_overlap", ">="), "top5_overlap_min"),
-    (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
-    (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),  # pixels with |ref logit| >= mask_band
-]
-
-
-def output_limit(tol: dict, reference_max: float, name: str | None = None) -> float:
-    """max |diff| allowed for one output: an absolute floor plus a share of the output's own magnitude, so a
-    limit means the same for presence logits of 2e-4 (the tiny model) and mask logits of 20. An output's own
-    table (`per_output.<name>`) overrides both: boxes, in pixels, want an absolute limit."""
-    own = {**tol, **tol.get("per_output", {}).get(name, {})}
-    return float(f"{own['max_abs'] + own.get('max_rel', 0.0) * reference_max:.3g}")
-
-
-def gate(metrics: dict, tol: dict, backend: str, case: str) -> list[Check]:
-    """One row per output (max |diff|), per dense output (pearson r) and per score-level metric."""
-    from ..runtime.contract import OUTPUT_NAMES
-
-    rows = [Gate(f"{name} max|diff|", "max_abs", "<=").check(
-        metrics[name]["max_abs"], output_limit(tol, metrics[name].get("ref_max_abs", 0.0), name), backend, case)
-        for name in OUTPUT_NAMES]
-    rows += [Gate(f"{name} pearson r", "pearson", ">=").check(metrics[name]["pearson"], tol["pearson_min"], backend, case)
-             for name in PEARSON_OUTPUTS]
-    return rows + apply_gates(metrics, [(g, tol[key]) for g, key in SCORE_GATES], backend, case)
-
-
-def expected_shapes(config, n: int) -> list[tuple]:
-    queries = config.detr_decoder_config.num_queries
-    side = 4 * config.vision_config.backbone_config.image_size // config.vision_config.backbone_config.patch_size
-    return [(n, queries, 1), (n, queries, 4), (n, queries, side, side), (n, 1)]
-
-
-def run_checks(settings: Settings, package, fallback, eager, transforms, cases, cache) -> list[Check]:
-    """Every row: the package and its fallback, each way they run, against eager (`eager()`: the model, loaded
-    only for an input the `reference` stage did not compute)."""
-    import torch
-
-    from ..model.checkpoints import checkpoint_config
-    from ..pipeline.metrics import compare
-
-    opts = settings.stage("verify")
-    tol = opts["tolerances"][settings.spec.tolerances]
-    band = tol.get("mask_band", 0.0)
-    config = checkpoint_config(settings)
-    backends = {"aoti": package, "exported": fallback}
-    ways = {backend: ways_to_run(pkg) for backend, pkg in backends.items()}
-    runs = {f"{backend}{how}": run for backend, by_way in ways.items() for how, run in by_way.items()}
-    rows: list[Check] = []
-    with torch.no_grad():
-        for item in compared_inputs(settings, config, cases, package.encode_prompts, transforms,
-                                    torch.device(settings.device)):
-            reference = eager_outputs(cache, item, eager)
-            if item.image is None:  # a sweep shape: every way of every backend, shapes first
-                want = expected_shapes(config, item.inputs[0].shape[0] * item.inputs[1].shape[0])
-                for backend, run in runs.items():
-                    out = run(*item.inputs)
-                    got = [tuple(o.shape) for o in out]
-                    rows.append(Check(backend, item.label, "output shapes", "match" if got == want else str(got),
-                                      "as expected", got == want))
-                    if got == want:
-                        rows += gate(compare(out, reference, mask_band=band), tol, backend, item.label)
-                continue
-            ref_images, token_ids, *boxes = item.inputs
-            for backend, pkg in backends.items():
-                images = pkg.transforms(item.image)
-                diff = float((images - ref_images).abs().max())
-                rows.append(Check(backend, item.label, "transforms max|diff|", diff, "<= 1e-4", diff <= 1e-4))
-                case_runs = ({" boxes": lambda i, t, p=pkg: p.model_with_boxes(i, t, *boxes)} if item.with_boxes
-                        else ways[backend])  # exemplars: through the parts (encode_image, encode_boxes, decode)
-                for how, run in case_runs.items():
-                    rows += gate(compare(run(images, token_ids), reference, mask_band=band), tol, backend + how,
-                                 item.label)
-    return rows
-
-
-def ways_to_run(package) -> dict:
-    """`model`, and for a split package its parts: whole, and with the prompts encoded and decoded in chunks
-    of two (each must give model's outputs)."""
-    if not package.parts:
-        return {"": package.model}
-
-    def chunked(images, token_ids):
-        texts = [package.encode_text(token_ids[i:i + 2]) for i in range(0, token_ids.shape[0], 2)]
-        return package.decode_chunked(package.encode_image(images), texts)
-
-    return {"": package.model, " split": lambda images, token_ids: package.decode(
-        package.encode_image(images), package.encode_text(token_ids)), " chunks": chunked}
 
 
 def pictures(cases) -> list[tuple[str, str]]:
@@ -146,6 +50,32 @@ def timed(what: str, load, *args):
     return value
 
 
+def run_checks(settings: Settings, backends: dict, eager, transforms, cases, cache, measured: list | None = None
+               ) -> list[Check]:
+    """Every ✓/✗ row: `backends` measured now, plus `measured`, records of the fallback stage."""
+    tol = settings.stage("verify")["tolerances"][settings.spec.tolerances]
+    records = measure_drift(settings, backends, eager, transforms, cases, cache) + (measured or [])
+    return gated(records, tol)
+
+
+def fallback_measured(settings: Settings, paths: ProfilePaths, cache) -> list[dict] | None:
+    """The fallback stage's records, where they hold for the fallback beside this package (its bytes checked
+    against the digest beside it, as a load would check them) and for today's inputs and eager; else None."""
+    import json
+
+    from ..runtime.archive import fallback_of
+    from ..runtime.integrity import check_package, digest_file, read_digest_file
+
+    fallback = fallback_of(paths.package)
+    try:
+        stored = json.loads(paths.fallback_drift.read_text())
+        check_package(fallback)
+        digest = read_digest_file(digest_file(fallback))
+    except (OSError, ValueError, Sam3AotiError):
+        return None  # measured here instead: whatever is wrong, loading it says so in one line
+    return stored["records"] if stored.get("key") == fallback_key(settings, digest, cache) else None
+
+
 def run(settings: Settings) -> None:
     import functools
 
@@ -160,18 +90,19 @@ def run(settings: Settings) -> None:
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
-    with ThreadPoolExecutor(1) as loader:  # the fallback loads while the package loads
-        exported = loader.submit(timed, "the exported fallback", load_exported, paths.package)
+    cache = ReferenceCache.of(settings)
+    measured = fallback_measured(settings, paths, cache)
+    with ThreadPoolExecutor(1) as loader:  # the fallback, if this run must measure it, loads beside the package
+        exported = None if measured else loader.submit(timed, "the exported fallback", load_exported, paths.package)
         package = timed("the package", load_package, paths.package)
         if package.fallback_reason:
             raise DriftError(f"the package's AOTI models do not load here ({package.fallback_reason}): "
                              f"rebuild with `uv run doit compile device={settings.device}`")
-        fallback = package.exported_only(exported.result())
-    log.info("%d sweep shapes, %d cases, backends %s", len(sweep_shapes(settings.stage("verify"))), len(cases),
-             package.backends)
-    cache = ReferenceCache.of(settings)
+        backends = {"aoti": package, **({"exported": package.exported_only(exported.result())} if exported else {})}
+    log.info("%d sweep shapes, %d cases, backends %s; the fallback %s", len(sweep_shapes(settings.stage("verify"))),
+             len(cases), package.backends, "measured now" if exported else "as its stage measured it")
     eager = functools.cache(lambda: timed("the eager model", eager_reference, settings)[0])  # on a miss only
-    rows = run_checks(settings, package, fallback, eager, reference_transforms(settings), cases, cache)
+    rows = run_checks(settings, backends, eager, reference_transforms(settings), cases, cache, measured)
     log.info("eager reference: %d of %d from the reference cache", cache.hits, len(cache.used))
     cache.prune()
     for r in rows:
