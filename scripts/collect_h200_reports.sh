@@ -19,26 +19,26 @@ keep = ("compile_seconds", "compile_phases", "inductor_options", "sdpa_backends"
         "toolchain")
 json.dump({k: index.get(k) for k in keep}, open(sys.argv[2], "w"), indent=2, sort_keys=True)' "$1" "$2"
 }
-for part in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  # gpu_full.sh's parts that build a full variant (all but fp32 and fp8: bf16)
-    precision=$part
-    [[ $part != fp32 && $part != fp8 ]] && precision=bf16
-    variant=$part/sam3-$precision-cuda
-    copy "$variant/verify/report.md" "verify-$part.md"
-    copy "$variant/verify/report.json" "verify-$part.json"
-    copy "$variant/bench/bench.md" "bench-$part.md"
-    copy "$variant/bench/bench.json" "bench-$part.json"
-    copy "$variant/bench/bench.png" "bench-$part.png"
-    copy "$variant/parity/parity.md" "parity-$part.md"
-    copy "$variant/parity/parity.json" "parity-$part.json"
-    [[ -f $staging/$variant/compiled/index.json ]] && compile_facts "$staging/$variant/compiled/index.json" "$dest/compile-$part.json"
-    copy "$variant/tuning/index.json" "tuning-$part.json"
-    copy "$part/toolchain/doctor.json" "doctor-$part.json"
-    copy "$part/toolkit.txt" "toolkit-$part.txt"
-    copy "$part/info.txt" "info-$part.txt"
-    copy "logs/$part-tune.log" "tune-$part.log"
-    copy "$variant/throughput/throughput.md" "throughput-$part.md"
-    copy "$variant/throughput/throughput.json" "throughput-$part.json"
-    copy "$variant/logs/throughput.log" "throughput-$part.log"
+for run in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  # gpu_full.sh's runs that build a full variant (all but fp32 and fp8: bf16)
+    precision=$run
+    [[ $run != fp32 && $run != fp8 ]] && precision=bf16
+    variant=$run/sam3-$precision-cuda
+    copy "$variant/verify/report.md" "verify-$run.md"
+    copy "$variant/verify/report.json" "verify-$run.json"
+    copy "$variant/bench/bench.md" "bench-$run.md"
+    copy "$variant/bench/bench.json" "bench-$run.json"
+    copy "$variant/bench/bench.png" "bench-$run.png"
+    copy "$variant/parity/parity.md" "parity-$run.md"
+    copy "$variant/parity/parity.json" "parity-$run.json"
+    [[ -f $staging/$variant/compiled/index.json ]] && compile_facts "$staging/$variant/compiled/index.json" "$dest/compile-$run.json"
+    copy "$variant/tuning/index.json" "tuning-$run.json"
+    copy "$run/toolchain/doctor.json" "doctor-$run.json"
+    copy "$run/toolkit.txt" "toolkit-$run.txt"
+    copy "$run/info.txt" "info-$run.txt"
+    copy "logs/$run-tune.log" "tune-$run.log"
+    copy "$variant/throughput/throughput.md" "throughput-$run.md"
+    copy "$variant/throughput/throughput.json" "throughput-$run.json"
+    copy "$variant/logs/throughput.log" "throughput-$run.log"
 done
 copy logs/segment-bench.log segment-bench.log
 copy logs/segment-throughput.log segment-throughput.log
@@ -70,10 +70,10 @@ if [[ -d $staging/logs/tinytuned ]]; then
 fi
 copy logs/tinytuned-test.log tinytuned-test.log
 copy logs/timings.tsv timings.tsv
-for dir in heads heads-fp32-linears optimizations-off optimizations-on; do  # scripts/checks/part_times.py's outputs
+for dir in heads heads-fp32-linears optimizations-off optimizations-on; do  # scripts/checks/section_times.py's outputs
     [[ -d $staging/logs/$dir ]] && rm -rf "${dest:?}/$dir" && cp -r "$staging/logs/$dir" "$dest/$dir"
 done
-for log in heads-parity heads-parity-fp32-linears levers-parity; do copy "logs/$log.log" "$log.log"; done
+for log in heads-parity heads-parity-fp32-linears optimizations-parity; do copy "logs/$log.log" "$log.log"; done
 copy logs/split-build.log split-build.log
 copy logs/split-bench.log split-bench.log
 copy logs/fresh-box.log fresh-box.log

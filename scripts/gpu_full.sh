@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every H200 figure the README reports, in one detached run. Each part builds in its own copy of the
+# Every H200 figure the README reports, in one detached run. Each run builds in its own copy of the
 # checkout under /tmp (never in the folder a device call sends, which the next call replaces):
 #   sdpa:  first and alone on the GPU: experiments/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
 #   attention: alone on the GPU, after sdpa: experiments/attention_kernel.py (the op sam3_aoti::attention against
@@ -23,7 +23,7 @@
 #          AOTInductor's default O1): compile time and phases, then bench of the AOTI columns at 1 x 1 and 2 x 3
 #          (the plain runner is the one whose launches the wrapper's code makes), then verify
 #   parity: the bf16 build as pipeline.toml has it: verify, then parity with Meta's SAM3 under bf16 autocast
-#          (the bf16 part without its bench)
+#          (the bf16 run without its bench)
 #   loader: the bf16 build as pipeline.toml has it (untuned), verify, then the bench's AOTI + CUDA graphs column
 #          with every loader's load time: the runtime's own unpacking of a package (sam3_aoti.runtime.loader) at
 #          full size
@@ -34,16 +34,16 @@
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
 #   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
-#          then (once every other part has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
+#          then (once every other run has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
 #          list, picks others), with the split models' table, then parity with Meta's SAM3 under bf16 autocast
 #   exemplars: the bf16 split package from nothing, verify with the exemplar-box cases, the bench's AOTI + CUDA
 #          graphs column at 1 x 1, 2 x 3, 1 x 16 (the box rows), parity with Meta's SAM3 (box cases included)
-#   optimizations: no build: the parts [export] optimizations touch (DETR encoder, decoder, mask decoder; OPTIMIZATIONS_PARTS,
+#   optimizations: no build: the sections [export] optimizations touch (DETR encoder, decoder, mask decoder; OPTIMIZATIONS_SECTIONS,
 #          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (OPTIMIZATIONS_SHAPES picks others)
 #          without them (or with OPTIMIZATIONS_BASE's, a TOML list) and with pipeline.toml's (or OPTIMIZATIONS_ON's)
-#          (scripts/checks/part_times.py), then eager parity with them
-#   heads: no build: the per-pair parts (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
-#          costliest kernels (scripts/checks/part_times.py), as pipeline.toml has them and with the DETR decoder's linears
+#          (scripts/checks/section_times.py), then eager parity with them
+#   heads: no build: the per-pair sections (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
+#          costliest kernels (scripts/checks/section_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
 #          (scripts/checks/parity_eager.py, the parity tolerances)
 #   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
@@ -54,9 +54,9 @@
 #          actor's steps run on fresh's package once the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
-#   kernels: no build: the fp8 part's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
+#   kernels: no build: the fp8 run's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
 #          shapes (experiments/gelu_groups_tune.py), last, alone on the GPU (after every bench), for a run that
-#          measures other parts and cannot spare an fp8 build
+#          measures other runs and cannot spare an fp8 build
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -65,9 +65,9 @@
 # and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
 # attentions on SDPA is retried once with them eager (pipeline.toml [export] masked_attention; its log says).
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds, and the
-# parts that only time (heads, optimizations) after the benches, one after the other.
+# runs that only time (heads, optimizations) after the benches, one after the other.
 # The device tool ends a call after 10 minutes, so the run is detached and polled:
-#   scripts/gpu_full.sh start [PART...]   start it (setsid) with the parts named (default: bf16 tiny)
+#   scripts/gpu_full.sh start [RUN...]    start it (setsid) with the runs named (default: bf16 tiny)
 #   scripts/gpu_full.sh wait SECS         wait until it ends or SECS pass, then pack reports and logs into
 #                                         $OUT/h200-results.tar.gz (whatever exists so far) and print the status
 set -uo pipefail
@@ -82,12 +82,12 @@ hidden() {  # hidden COMMAND...: with the machine's CUDA toolkit out of sight
     env -u CUDA_HOME -u CUDA_PATH PATH="$(hidden_path)" "$@"
 }
 
-toolkit_for() {  # toolkit_for PART ARGS...: the pinned toolchain, hidden; else toolkit=machine; the choice goes to toolkit.txt
-    local part=$1
+toolkit_for() {  # toolkit_for RUN ARGS...: the pinned toolchain, hidden; else toolkit=machine; the choice goes to toolkit.txt
+    local name=$1
     shift
-    if [[ ${TOOLKIT:-pinned} != machine ]] && step "$part-toolchain" hidden scripts/gpu_run.sh toolchain "$@"; then
+    if [[ ${TOOLKIT:-pinned} != machine ]] && step "$name-toolchain" hidden scripts/gpu_run.sh toolchain "$@"; then
         echo toolkit=pinned > toolkit.txt
-    else step "$part-toolchain-machine" scripts/gpu_run.sh toolchain "$@" toolkit=machine; echo toolkit=machine > toolkit.txt
+    else step "$name-toolchain-machine" scripts/gpu_run.sh toolchain "$@" toolkit=machine; echo toolkit=machine > toolkit.txt
     fi
 }
 
@@ -125,57 +125,57 @@ step() {  # step NAME COMMAND...: log to RESULTS/NAME.log, start and end times t
     return $rc
 }
 
-checkout() {  # checkout PART: a fresh copy of this checkout (with .whl) at $WORK/PART
+checkout() {  # checkout RUN: a fresh copy of this checkout (with .whl) at $WORK/RUN
     rm -rf "${WORK:?}/$1" && mkdir -p "$WORK/$1"
     tar --exclude=./artifacts -cf - . | tar -xf - -C "$WORK/$1"
 }
 
-full_build() {  # full_build PART PRECISION: toolchain to verify; once more with eager masked attention if that fails
-    local part=$1 precision=$2
-    cd "$WORK/$part" && toolkit_for "$part" $SAM3 precision="$precision"
-    build "$part-build" weights export compile package verify $SAM3 precision="$precision" && return 0
+full_build() {  # full_build RUN PRECISION: toolchain to verify; once more with eager masked attention if that fails
+    local name=$1 precision=$2
+    cd "$WORK/$name" && toolkit_for "$name" $SAM3 precision="$precision"
+    build "$name-build" weights export compile package verify $SAM3 precision="$precision" && return 0
     sed 's/^masked_attention = "sdpa"$/masked_attention = "eager"/' pipeline.toml > eager-attention.toml
-    build "$part-build-eager-attention" weights export compile package verify $SAM3 precision="$precision" \
+    build "$name-build-eager-attention" weights export compile package verify $SAM3 precision="$precision" \
         config=eager-attention.toml
 }
 
 AOTI_ONLY=(columns '["aoti", "aoti_graphs"]' load_times false)  # the eager columns come from the tuned bench
 
-loader_part() {
+loader_run() {
     cd "$WORK/loader" && configure columns '["aoti_graphs"]' enabled false
     toolkit_for loader $SAM3 precision=bf16
     build loader-build weights export compile package verify $SAM3 precision=bf16
 }
 
-fp8_part() {
+fp8_run() {
     cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
     toolkit_for fp8 $SAM3 precision=fp8
     build fp8-build weights export compile package verify $SAM3 precision=fp8
 }
 
-tuned_part() {  # export, then the tuning from nothing, next to the other builds (its time is an upper bound)
+tuned_run() {  # export, then the tuning from nothing, next to the other builds (its time is an upper bound)
     cd "$WORK/tuned" && configure box_path_attention '"bf16"' enabled true
     toolkit_for tuned $SAM3 precision=bf16
     build tuned-export weights export $SAM3 precision=bf16 || return 1
     LIMIT=${TUNE_LIMIT:-660} build tuned-tune tune $SAM3 precision=bf16
 }
 
-after() {  # after PART PRECISION STAGE...: alone on the machine, each stage on the part's finished build
-    local part=$1 precision=$2 config=pipeline.toml stage
+after() {  # after RUN PRECISION STAGE...: alone on the machine, each stage on the run's finished build
+    local name=$1 precision=$2 config=pipeline.toml stage
     shift 2
-    cd "$WORK/$part" || return 1
+    cd "$WORK/$name" || return 1
     [[ -f eager-attention.toml ]] && config=eager-attention.toml  # the build that compiled (full_build)
-    for stage in "$@"; do build "$part-$stage" "$stage" $SAM3 precision="$precision" config=$config; done
+    for stage in "$@"; do build "$name-$stage" "$stage" $SAM3 precision="$precision" config=$config; done
 }
 
-segment_part() {  # with fresh named too, no build of its own: it times fresh's package once that is built
-    [[ $parts == *" fresh "* ]] && return 0
-    cd "$WORK/segment" && configure columns '["aoti_graphs"]' model_parts '"off"' enabled false
+segment_run() {  # with fresh named too, no build of its own: it times fresh's package once that is built
+    [[ $runs == *" fresh "* ]] && return 0
+    cd "$WORK/segment" && configure columns '["aoti_graphs"]' sections '"off"' enabled false
     toolkit_for segment $SAM3 precision=bf16
     build segment-build weights export compile package verify $SAM3 precision=bf16
 }
 
-tiny_part() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
+tiny_run() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
     cd "$WORK/tiny" || return 1
     if [[ ${TOOLKIT:-pinned} == machine ]]; then step tiny-chain scripts/gpu_run.sh device=cuda toolkit=machine
     else step tiny-chain hidden scripts/gpu_run.sh device=cuda; fi
@@ -196,7 +196,7 @@ timed() {  # timed NAME COMMAND...: step, and its wall time to RESULTS/timings.t
     return $rc
 }
 
-cache_part() {
+cache_run() {
     local fleet=/tmp/sam3-fleet keys=$WORK/cache-keys package=artifacts/sam3-bf16-cuda/package/sam3.pt2 clone
     rm -rf "$fleet" "$keys" && mkdir -p "$fleet/store" "$keys"
     for clone in cacheB cacheC cacheD; do checkout $clone; done
@@ -226,42 +226,42 @@ cache_part() {
     (cd "$WORK/cacheA" && scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md")
 }
 
-split_part() {  # the bf16 package with the split models ([export] split), from nothing (its bench: run_all)
+split_run() {  # the bf16 package with the split models ([export] split), from nothing (its bench: run_all)
     local columns=${SPLIT_COLUMNS:-'["meta", "transformers", "aoti", "aoti_graphs"]'}
     cd "$WORK/split" && configure split '["tiny", "sam3"]' columns "$columns" load_times false
     timed split-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
 }
 
-exemplars_part() {  # the bf16 split package from nothing, its verify with the exemplar-box cases of cases.toml, then
+exemplars_run() {  # the bf16 split package from nothing, its verify with the exemplar-box cases of cases.toml, then
     # the bench's AOTI + CUDA graphs column at 1 x 1, 2 x 3 and 1 x 16 (the box rows beside the text-only ones; no
-    # model parts) and parity with Meta's SAM3 under bf16 autocast, the box cases included
+    # sections) and parity with Meta's SAM3 under bf16 autocast, the box cases included
     cd "$WORK/exemplars" && configure split '["tiny", "sam3"]' columns '["aoti_graphs"]' load_times false \
-        model_parts '"off"'
+        sections '"off"'
     sed -i 's/^shapes = \[\[1, 1\], \[2, 3\], \[4, 4\], \[16, 1\], \[1, 16\]\]/shapes = [[1, 1], [2, 3], [1, 16]]/' pipeline.toml
     timed exemplars-build scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine || return 1
     step exemplars-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine
     step exemplars-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine
 }
 
-optimizations_part() {  # no build: the parts [export] optimizations touch, with the base (OPTIMIZATIONS_BASE) and all; eager parity
-    local parts=${OPTIMIZATIONS_PARTS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/part_times.py
+optimizations_run() {  # no build: the sections [export] optimizations touch, with the base (OPTIMIZATIONS_BASE) and all; eager parity
+    local sections=${OPTIMIZATIONS_SECTIONS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/section_times.py
         --profile sam3 --precision bf16 --device cuda --shapes "${OPTIMIZATIONS_SHAPES:-1x1,1x16}" --kernels 8)
     cd "$WORK/optimizations" && sed "s|^optimizations = .*|optimizations = ${OPTIMIZATIONS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
     [[ -n ${OPTIMIZATIONS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $OPTIMIZATIONS_ON|" pipeline.toml
     step optimizations-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
-    step optimizations-parts-off scripts/gpu_run.sh "${times[@]}" --parts "$parts" --config base-optimizations.toml \
+    step optimizations-sections-off scripts/gpu_run.sh "${times[@]}" --sections "$sections" --config base-optimizations.toml \
         --out "$RESULTS/optimizations-off"
-    step optimizations-parts-on scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/optimizations-on"
+    step optimizations-sections-on scripts/gpu_run.sh "${times[@]}" --sections "$sections" --out "$RESULTS/optimizations-on"
     step optimizations-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
 }
 
-heads_part() {
-    local parts="DETR encoder,DETR decoder,mask decoder,scoring,text encoder" times=(--python scripts/checks/part_times.py
+heads_run() {
+    local sections="DETR encoder,DETR decoder,mask decoder,scoring,text encoder" times=(--python scripts/checks/section_times.py
         --profile sam3 --precision bf16 --device cuda --shapes 1x1,1x16 --kernels 12)
     cd "$WORK/heads" && sed 's|^box_path_linears = .*|box_path_linears = "fp32"|' pipeline.toml > fp32-linears.toml
     step heads-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
-    step heads-parts scripts/gpu_run.sh "${times[@]}" --parts "$parts" --out "$RESULTS/heads"
-    step heads-parts-fp32-linears scripts/gpu_run.sh "${times[@]}" --parts "DETR decoder" --config fp32-linears.toml \
+    step heads-sections scripts/gpu_run.sh "${times[@]}" --sections "$sections" --out "$RESULTS/heads"
+    step heads-sections-fp32-linears scripts/gpu_run.sh "${times[@]}" --sections "DETR decoder" --config fp32-linears.toml \
         --out "$RESULTS/heads-fp32-linears"
     step heads-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16
     step heads-parity-fp32-linears scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16 \
@@ -280,14 +280,14 @@ for line in sys.stdin:
     return "${PIPESTATUS[0]}"
 }
 
-fresh_part() {  # the timeline says where the seconds between the stages' own clocks go
+fresh_run() {  # the timeline says where the seconds between the stages' own clocks go
     env | grep '^PYTHON' | sort > "$RESULTS/fresh-python-env.txt"
     cd "$WORK/fresh" && timed fresh-box stamped "$RESULTS/fresh-box.timeline" \
         scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
     scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md"
 }
 
-compiletime_part() {
+compiletime_run() {
     local variant=$WORK/compiletime/artifacts/sam3-bf16-cuda
     cd "$WORK/compiletime" && configure enabled false
     toolkit_for compiletime $SAM3 precision=bf16
@@ -297,7 +297,7 @@ compiletime_part() {
     build compiletime-warm compile $SAM3 precision=bf16 && cp "$variant/compiled/index.json" "$RESULTS/compiled-warm.json"
 }
 
-o0_part() {
+o0_run() {
     cd "$WORK/o0" && configure enabled false "${AOTI_ONLY[@]}"
     sed -i '/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = [[1, 1], [2, 3]]|' pipeline.toml
     sed -i '0,/^inductor = {}$/s//inductor = { "aot_inductor.compile_wrapper_opt_level" = "O0" }/' pipeline.toml
@@ -307,7 +307,7 @@ o0_part() {
     build o0-verify verify $SAM3 precision=bf16
 }
 
-tinytuned_part() {
+tinytuned_run() {
     local tmp=$WORK/tinytuned-tmp toolkit=()
     [[ ${TOOLKIT:-pinned} == machine ]] && toolkit=(SAM3_AOTI_TEST_TOOLKIT=machine)
     cd "$WORK/tinytuned" && rm -rf "$tmp"
@@ -325,53 +325,53 @@ fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experime
 }
 
 run_all() {
-    local parts=" $* " pids=()
-    for part in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $parts == *" $part "* ]] && checkout "${part/#cache/cacheA}"; done
+    local runs=" $* " pids=()
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
-    (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all parts
-    [[ $parts == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
+    (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
+    [[ $runs == *" sdpa "* ]] && (cd "$WORK/sdpa" && step sdpa-backends scripts/gpu_run.sh --python \
         experiments/sdpa_backends.py --json "$RESULTS/sdpa-backends.json")
-    [[ $parts == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
+    [[ $runs == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
-    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && fp8_kernels)
-    [[ $parts == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
-    [[ $parts == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
-    [[ $parts == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
-    [[ $parts == *" tuned "* ]] && { tuned_part & pids+=($!); }
-    [[ $parts == *" fp8 "* ]] && { fp8_part & pids+=($!); }
-    [[ $parts == *" loader "* ]] && { loader_part & pids+=($!); }
-    [[ $parts == *" segment "* ]] && { segment_part & pids+=($!); }
-    [[ $parts == *" tiny "* ]] && { tiny_part & pids+=($!); }
-    [[ $parts == *" compiletime "* ]] && { compiletime_part & pids+=($!); }
-    [[ $parts == *" tinytuned "* ]] && { tinytuned_part & pids+=($!); }
-    [[ $parts == *" o0 "* ]] && { o0_part & pids+=($!); }
-    [[ $parts == *" cache "* ]] && { cache_part & pids+=($!); }
-    [[ $parts == *" fresh "* ]] && { fresh_part & pids+=($!); }
-    [[ $parts == *" split "* ]] && { split_part & pids+=($!); }
-    [[ $parts == *" exemplars "* ]] && { exemplars_part & pids+=($!); }
+    [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && fp8_kernels)
+    [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
+    [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
+    [[ $runs == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
+    [[ $runs == *" tuned "* ]] && { tuned_run & pids+=($!); }
+    [[ $runs == *" fp8 "* ]] && { fp8_run & pids+=($!); }
+    [[ $runs == *" loader "* ]] && { loader_run & pids+=($!); }
+    [[ $runs == *" segment "* ]] && { segment_run & pids+=($!); }
+    [[ $runs == *" tiny "* ]] && { tiny_run & pids+=($!); }
+    [[ $runs == *" compiletime "* ]] && { compiletime_run & pids+=($!); }
+    [[ $runs == *" tinytuned "* ]] && { tinytuned_run & pids+=($!); }
+    [[ $runs == *" o0 "* ]] && { o0_run & pids+=($!); }
+    [[ $runs == *" cache "* ]] && { cache_run & pids+=($!); }
+    [[ $runs == *" fresh "* ]] && { fresh_run & pids+=($!); }
+    [[ $runs == *" split "* ]] && { split_run & pids+=($!); }
+    [[ $runs == *" exemplars "* ]] && { exemplars_run & pids+=($!); }
     wait "${pids[@]}"
-    if [[ $parts == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status"; then
+    if [[ $runs == *" split "* ]] && grep -q "end split-build rc=0" "$RESULTS/status"; then
         (cd "$WORK/split" && timed split-bench scripts/gpu_run.sh bench $SAM3 precision=bf16 toolkit=machine)
         (cd "$WORK/split" && step split-parity scripts/gpu_run.sh parity $SAM3 precision=bf16 toolkit=machine)
     fi
-    [[ $parts == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
-    [[ $parts == *" fp32 "* ]] && after fp32 fp32 parity
-    [[ $parts == *" parity "* ]] && after parity bf16 parity
+    [[ $runs == *" bf16 "* ]] && after bf16 bf16 bench parity  # bench, then parity under bf16 autocast
+    [[ $runs == *" fp32 "* ]] && after fp32 fp32 parity
+    [[ $runs == *" parity "* ]] && after parity bf16 parity
     local tuned_pid=
-    if [[ $parts == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
+    if [[ $runs == *" tuned "* ]] && grep -q "end tuned-tune rc=0" "$RESULTS/status"; then
         (cd "$WORK/tuned" && build tuned-build compile package verify $SAM3 precision=bf16) & tuned_pid=$!
     fi
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
-    [[ $parts == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
-    [[ $parts == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
+    [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
+    [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     local segment=segment
-    if [[ $parts == *" fresh "* ]]; then
-        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' model_parts '"off"' &&
+    if [[ $runs == *" fresh "* ]]; then
+        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' &&
             echo toolkit=machine > toolkit.txt)
     fi
-    [[ $parts == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
+    [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
@@ -379,9 +379,9 @@ run_all() {
         step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
-    [[ $parts == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
-    [[ $parts == *" heads "* ]] && (heads_part)
-    [[ $parts == *" optimizations "* ]] && (optimizations_part)
+    [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
+    [[ $runs == *" heads "* ]] && (heads_run)
+    [[ $runs == *" optimizations "* ]] && (optimizations_run)
     return 0
 }
 

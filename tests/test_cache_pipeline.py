@@ -107,7 +107,7 @@ def test_a_new_seed_substitutes_the_compiled_code_and_pushes_its_package(own_bui
     config = node / "pipeline.toml"
     config.write_text(config.read_text().replace("seed = 0", "seed = 1", 1))
     proc = run_doit(node, "package", f"cache={url}", env={**node_env, **builder_env})
-    assert executed(proc) == {"toolchain", "weights", "export", "reference", "fallback", "compile", "package"}, proc.stdout
+    assert executed(proc) == {"toolchain", "weights", "export", "fallback", "compile", "package"}, proc.stdout
     assert "compile: substituted from" in proc.stderr, proc.stderr
     assert "[compile " not in proc.stderr and "[probe " not in proc.stderr  # no AOTInductor, no probe
     assert "package: pushed to" in proc.stderr

@@ -173,7 +173,7 @@ def test_the_committed_h200_fp8_verify_report_passes_todays_gates():
 
     from helpers import REPO
     from sam3_aoti.runtime.contract import OUTPUT_NAMES
-    from sam3_aoti.measure.drift import gate
+    from sam3_aoti.pipeline.gates import gate
 
     report = json.loads((REPO / "benchmarks" / "h200-2026-12-01-levers" / "verify-fp8.json").read_text())
     tol = load_settings(device="cpu").tables["verify"]["tolerances"]["fp8"]

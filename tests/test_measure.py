@@ -1,5 +1,5 @@
 """Measurement as a library (`sam3_aoti.measure`): the FLOP count sees the project's ops, the weights a part
-reads are counted once each, model parts re-run alone on what a whole call gave them, timing's fairness
+reads are counted once each, sections re-run alone on what a whole call gave them, timing's fairness
 rules (rotated order, p90), and the comparison of two runtimes' load times."""
 
 import copy
@@ -51,10 +51,10 @@ def test_bench_counts_the_flops_inside_the_projects_ops():
 def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
     """A part's weights read (bench's floor) counts each weight once: a call through two of three linears reads those two (a
     transpose or slice of a weight counts as the weight, a weight used twice once, an embedding table the rows
-    looked up); a model part reads what its modules hold (the ViT all of its weights), and together no more
+    looked up); a section reads what its modules hold (the ViT all of its weights), and together no more
     than the model holds."""
     from sam3_aoti.measure.counts import flops_and_weights_of
-    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+    from sam3_aoti.model.section_calls import SECTIONS, record_section_calls
 
     layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
     per_linear = (8 * 8 + 8) * 4
@@ -66,46 +66,46 @@ def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
     _, read = flops_and_weights_of(table, (torch.tensor([[3, 5, 3], [7, 0, 0]]),))
     assert read == 4 * 8 * 4  # the four distinct rows looked up, not the table
     images, token_ids = example_inputs(tiny_model.config, 1, 2, seed=7)
-    parts = record_part_calls(wrapper, images, token_ids)
-    reads = {name: flops_and_weights_of(wrapper, (), parts[name].run)[1] for name in MODEL_PARTS}
+    sections = record_section_calls(wrapper, images, token_ids)
+    reads = {name: flops_and_weights_of(wrapper, (), sections[name].run)[1] for name in SECTIONS}
     vit = wrapper.model.vision_encoder
     weights, buffers = (sum(t.nbytes for t in ts) for ts in (vit.parameters(), vit.buffers()))
     assert weights <= reads["ViT"] <= weights + buffers  # every weight (and the buffers it uses: not RoPE's spare)
-    assert all(reads[name] > 0 for name in MODEL_PARTS)
+    assert all(reads[name] > 0 for name in SECTIONS)
     everything = sum(t.untyped_storage().nbytes() for t in (*wrapper.parameters(), *wrapper.buffers()))
     assert sum(reads.values()) <= everything
     _, whole = flops_and_weights_of(wrapper, (images, token_ids))
-    assert whole <= sum(reads.values())  # every weight the whole call reads, some part reads
+    assert whole <= sum(reads.values())  # every weight the whole call reads, some section reads
 
-@pytest.mark.slow  # torch.compile of a part
-def test_each_model_part_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
-    """bench times the parts alone (model.part_calls): every part is found in one call, re-run alone gives what
+@pytest.mark.slow  # torch.compile of a section
+def test_each_section_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny_model):
+    """bench times the sections alone (model.section_calls): every section is found in one call, re-run alone gives what
     it gave inside the call, and the compiled re-run (what bench times) gives it too."""
-    from sam3_aoti.model.part_calls import MODEL_PARTS, record_part_calls
+    from sam3_aoti.model.section_calls import SECTIONS, record_section_calls
 
     images, token_ids = example_inputs(tiny_model.config, 2, 3, seed=7)
     inside = {}
     hooks = [getattr(wrapper.model, child).register_forward_hook(lambda m, i, out, c=child: inside.setdefault(c, out))
              for child in ("detr_decoder", "mask_decoder")]
     try:
-        parts = record_part_calls(wrapper, images, token_ids)
+        sections = record_section_calls(wrapper, images, token_ids)
     finally:
         for hook in hooks:
             hook.remove()
-    assert list(parts) == list(MODEL_PARTS)
+    assert list(sections) == list(SECTIONS)
     # text: encoder and projection; DETR encoder: its per-image self-attention, then the encoder over the pairs
-    assert [len(parts[name].calls) for name in MODEL_PARTS] == [1, 2, 1, 2, 1, 1, 1]
+    assert [len(sections[name].calls) for name in SECTIONS] == [1, 2, 1, 2, 1, 1, 1]
     with torch.no_grad():
-        attended, _ = parts["DETR encoder"].run()
+        attended, _ = sections["DETR encoder"].run()
         assert torch.equal(attended, wrapper.encode_image(images)[2])
-        decoded, = parts["DETR decoder"].run()
-        masks, = parts["mask decoder"].run()
-        geometry, = parts["geometry encoder"].run()
+        decoded, = sections["DETR decoder"].run()
+        masks, = sections["mask decoder"].run()
+        geometry, = sections["geometry encoder"].run()
         assert torch.equal(decoded[0], inside["detr_decoder"][0])  # ModelOutputs: their first tensor
         assert torch.equal(masks[0], inside["mask_decoder"][0])
         assert torch.equal(geometry, wrapper.encode_image(images)[4])  # the no-box geometry prompt
-        compiled = parts["scoring"].compiled(torch.compile, {})
-        assert torch.allclose(compiled.run()[0], parts["scoring"].run()[0], atol=1e-5)
+        compiled = sections["scoring"].compiled(torch.compile, {})
+        assert torch.allclose(compiled.run()[0], sections["scoring"].run()[0], atol=1e-5)
 
 
 def test_the_load_comparison_times_two_runtimes_and_refuses_what_cannot_load(package_path, tmp_path):

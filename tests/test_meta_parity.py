@@ -1,5 +1,5 @@
 """Our package against Meta's own SAM3 code, on the CPU (so in CI): the tiny architecture built from Meta's
-modules (meta_reference/, in an environment of its own), the same distinct weights written in Meta's
+modules (meta_sam3/, in an environment of its own), the same distinct weights written in Meta's
 format, Meta's tokenizer and image transform, compared query by query on the verify photographs."""
 
 import os
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from sam3_aoti.measure import drift
+from sam3_aoti.pipeline import gates
 from sam3_aoti.pipeline.cases import load_cases
 from sam3_aoti.pipeline.settings import load_settings
 from sam3_aoti.model.meta_keys import to_meta
@@ -23,7 +23,7 @@ from sam3_aoti.runtime.tokenizer import bundled_vocab_path
 
 from helpers import REPO, TINY
 
-META_PROJECT = REPO / "meta_reference"
+META_PROJECT = REPO / "meta_sam3"
 # Beyond the photographs' own sizes (300x451 .. 512x512): wide, tall, tiny and large, up- and downscaled.
 EXTRA_SIZES = [(250, 1000), (1500, 97), (60, 80), (1200, 1600)]
 ONE_LEVEL = 2 / 255  # one uint8 level after (x / 255 - 0.5) / 0.5
@@ -32,7 +32,7 @@ ONE_LEVEL = 2 / 255  # one uint8 level after (x / 255 - 0.5) / 0.5
 def uv() -> str:
     found = os.environ.get("UV") or shutil.which("uv")
     if not found:
-        pytest.skip("needs uv to build meta_reference's environment (Meta's sam3, torchvision, timm)")
+        pytest.skip("needs uv to build meta_sam3's environment (Meta's sam3, torchvision, timm)")
     return found
 
 
@@ -45,7 +45,7 @@ def images() -> list[tuple[str, np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def meta(built_repo, tmp_path_factory):
-    """(package, cases, our pixels, Meta's results) for the tiny build, from one run of meta_reference.py."""
+    """(package, cases, our pixels, Meta's results) for the tiny build, from one run of meta_sam3.py."""
     tmp = tmp_path_factory.mktemp("meta")
     art = built_repo / TINY
     torch.save({"model": to_meta(load_file(art / "weights" / "checkpoint" / "model.safetensors"))}, tmp / "sam3.pt")
@@ -61,7 +61,7 @@ def meta(built_repo, tmp_path_factory):
                "checkpoint": str(tmp / "sam3.pt"), "bpe": str(bundled_vocab_path()), "images": raw,
                "pixels": pixels[:len(cases)], "prompts": [list(case.prompts) for case in cases],
                "boxes": [exemplars(case) for case in cases]}
-    return package, cases, pixels, run_meta_reference(request, tmp)
+    return package, cases, pixels, run_meta_sam3(request, tmp)
 
 
 def exemplars(case):
@@ -73,12 +73,12 @@ def exemplars(case):
     return boxes[0], labels[0]
 
 
-def run_meta_reference(request: dict, folder) -> dict:
-    """meta_reference.py on `request`, in meta_reference's own environment (uv builds it on first use)."""
+def run_meta_sam3(request: dict, folder) -> dict:
+    """meta_sam3.py on `request`, in meta_sam3's own environment (uv builds it on first use)."""
     torch.save(request, folder / "request.pt")
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}  # ours, not the one uv builds there
     proc = subprocess.run([uv(), "run", "--project", str(META_PROJECT), "--locked", "--quiet", "python",
-                           str(META_PROJECT / "meta_reference.py"), str(folder / "request.pt"),
+                           str(META_PROJECT / "meta_sam3.py"), str(folder / "request.pt"),
                            str(folder / "result.pt")], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(folder / "result.pt", weights_only=False)
@@ -102,7 +102,7 @@ def test_package_matches_metas_sam3_query_by_query(meta, built_repo):
             theirs = tuple(t.reshape(o.shape) for t, o in zip(theirs, ours))
             row = case_row(case, ours, theirs)
             for name in OUTPUT_NAMES:
-                limit = drift.output_limit(tol, row[name]["ref_max_abs"])
+                limit = gates.output_limit(tol, row[name]["ref_max_abs"])
                 assert row[name]["max_abs"] <= limit, f"{case.name} {name}: {row[name]['max_abs']:.3g} > {limit}"
             rows.append(row)
     assert all(c.ok for c in check(rows, settings.stage("parity")["tolerances"]["fp32"]))
@@ -124,7 +124,7 @@ def test_a_swapped_weight_is_seen_by_the_meta_comparison(meta, built_repo, tmp_p
         swapped = Sam3Grounding(model).eval()(pixels[0], package.encode_prompts(cases[0].prompts))
     theirs = tuple(t.reshape(o.shape) for t, o in zip(result["outputs"][0], swapped))
     row = case_row(cases[0], swapped, theirs)
-    assert row["pred_logits"]["max_abs"] > 100 * drift.output_limit({"max_abs": 1e-5, "max_rel": 1e-4},
+    assert row["pred_logits"]["max_abs"] > 100 * gates.output_limit({"max_abs": 1e-5, "max_rel": 1e-4},
                                                                      row["pred_logits"]["ref_max_abs"])
 
 

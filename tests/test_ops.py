@@ -38,7 +38,7 @@ def test_an_export_inside_torch_forms_calls_none_of_the_projects_ops_and_compute
 
 
 def test_torch_compile_traces_the_ops_whole():
-    """torch.compile (bench's model parts, its torch.compile column) traces through `model.ops` without a graph
+    """torch.compile (bench's sections, its torch.compile column) traces through `model.ops` without a graph
     break (a ContextVar there stopped it on the H100: `fullgraph=True` failed), and gives the op's outputs."""
     g = torch.Generator().manual_seed(1)
     deltas, w1, b1 = torch.randn(1, 3, 4, 2, generator=g), torch.randn(8, 2, generator=g), torch.randn(8, generator=g)

@@ -150,7 +150,7 @@ def test_the_per_image_pixel_decoder_convolves_each_image_once_in_encode_image(t
     exports encode_image holds those convolutions (its pruned model would otherwise fail the call)."""
     from sam3_aoti.model.grounding import Part
     from sam3_aoti.model.optimizations.pixel_decoder_per_image import to_phases
-    from sam3_aoti.model.part_calls import record_part_calls
+    from sam3_aoti.model.section_calls import record_section_calls
 
     wrapper = Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("pixel_decoder_per_image",)).eval()
     convs = wrapper.model.mask_decoder.pixel_decoder.conv_layers
@@ -170,10 +170,10 @@ def test_the_per_image_pixel_decoder_convolves_each_image_once_in_encode_image(t
         last = wrapper.decode(*encoded[:DECODE_IMAGE_INPUTS], *(t[2:] for t in text))  # the third prompt alone
         for got, want in zip(last, whole):
             torch.testing.assert_close(got, want.unflatten(0, (2, 3))[:, 2], atol=1e-5, rtol=1e-4)
-    parts = record_part_calls(wrapper, images, token_ids)
-    assert len(parts["mask decoder"].calls) == 2  # the laterals per image, then the heads per pair
+    sections = record_section_calls(wrapper, images, token_ids)
+    assert len(sections["mask decoder"].calls) == 2  # the laterals per image, then the heads per pair
     with torch.no_grad():
-        laterals, masks = parts["mask decoder"].run()
+        laterals, masks = sections["mask decoder"].run()
     assert torch.equal(laterals[0], encoded[0])
 
 

@@ -13,13 +13,14 @@ import pytest
 
 from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
-STAGES = {"toolchain", "weights", "export", "reference", "fallback", "compile", "package", "verify", "render"}
+STAGES = {"toolchain", "weights", "export", "reference", "fallback", "fallback_drift", "compile", "package", "verify",
+          "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
     art = built_repo / TINY
     for rel in ["weights/checkpoint/model.safetensors", "export/programs.pt2", "export/program.json",
-                "export/programs.portable.pt2", "reference/index.json",
+                "export/programs.portable.pt2", "reference/index.json", "export/fallback_drift.json",
                 "compiled/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
                 "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
                 *(f"logs/{s}.log" for s in STAGES)]:
@@ -86,7 +87,7 @@ def test_editing_the_export_code_reruns_export_and_nothing_after_it(own_build):
 
 @pytest.mark.parametrize("module, stages", [
     ("aoti/weights_blob.py", {"compile", "package"}),  # compile checks the blob writer; package uses it
-    ("runtime/cuda_graphs.py", {"package", "verify", "render"}),  # every stage that loads the package
+    ("runtime/cuda_graphs.py", {"package", "fallback_drift", "verify", "render"}),  # every stage that loads a package
     ("pipeline/report.py", {"verify"}),
 ])
 def test_editing_a_module_of_a_subpackage_makes_exactly_its_importers_stale(own_build, module, stages):
@@ -178,16 +179,16 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
         assert all(v["median_ms"] > 0 and v["p90_ms"] >= v["median_ms"] and v["images_per_s"] > 0
                    for v in r["backends"].values())
         assert r["flop"] > 0
-        by_part = r["model_parts"]  # each model part compiled alone, fed what the whole call gives it
-        assert by_part["how"] == "compiled" and list(by_part["parts"]) == [
+        by_section = r["sections"]  # each section compiled alone, fed what the whole call gives it
+        assert by_section["how"] == "compiled" and list(by_section["sections"]) == [
             "ViT", "text encoder", "geometry encoder", "DETR encoder", "DETR decoder", "mask decoder", "scoring"]
         assert all(v["median_ms"] > 0 and v["flop"] > 0 and v["tflop_per_s"] >= 0 and v["weight_bytes"] > 0
-                   and "floor_ms" not in v for v in by_part["parts"].values())  # a floor needs the GPU's rates
-        built = by_part["flop"]  # the build's own count: its optimizations restructure some of the model's arithmetic
-        assert 0.9 * built <= sum(v["flop"] for v in by_part["parts"].values()) <= built  # the glue has few
+                   and "floor_ms" not in v for v in by_section["sections"].values())  # a floor needs the GPU's rates
+        built = by_section["flop"]  # the build's own count: its optimizations restructure some of the model's arithmetic
+        assert 0.9 * built <= sum(v["flop"] for v in by_section["sections"].values()) <= built  # the glue has few
         assert 0.5 * r["flop"] <= built <= 2 * r["flop"]
-        assert by_part["package_ms"] == r["backends"]["AOTI"]["median_ms"] and by_part["transforms"]["median_ms"] > 0
-        assert by_part["between_ms"] == round(by_part["package_ms"] - by_part["sum_ms"], 2)
+        assert by_section["package_ms"] == r["backends"]["AOTI"]["median_ms"] and by_section["transforms"]["median_ms"] > 0
+        assert by_section["between_ms"] == round(by_section["package_ms"] - by_section["sum_ms"], 2)
     assert bench["rows"][1]["flop"] > bench["rows"][0]["flop"]  # FLOPs counted per shape
     assert {"sam3_aoti load_package, first start", "sam3_aoti load_package, next start",
             "torch load_package model, no ISA probe", "load_pt2, no ISA probe"} == set(bench["load_seconds"])
@@ -195,7 +196,7 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
     md = (own_build / TINY / "bench" / "bench.md").read_text()
     assert bench["iters"] == 2 and "| 2 | 3 |" in md and "AOTI ms (p90)" in md and "## Load" in md
     assert "## Encode once, decode many" in md and "decode TFLOP/s" in md
-    assert "## Where a call's time goes, by model part: each part compiled alone" in md and "| DETR encoder |" in md
+    assert "## Where a call's time goes, by section: each section compiled alone" in md and "| DETR encoder |" in md
     assert (own_build / TINY / "bench" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

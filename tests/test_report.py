@@ -48,7 +48,7 @@ def test_bench_shows_each_part_against_its_floor_where_the_card_was_measured():
                  "ViT": part(15.3, 5613e9, 900e6, floors and (7.12, "FLOPs", 0.47))}
         row = {"batch": 1, "prompts": 1, "flop": 6e12,
                "backends": {"AOTI": {"median_ms": 18.4, "p90_ms": 18.5, "images_per_s": 54.3, "peak_mib": 63}},
-               "model_parts": {"how": "compiled", "parts": parts, "flop": 6.2e12, "transforms": {"median_ms": 0.1},
+               "sections": {"how": "compiled", "sections": parts, "flop": 6.2e12, "transforms": {"median_ms": 0.1},
                                "sum_ms": 16.37, "package_ms": 18.4, "between_ms": 2.03}}
         return {"rows": [row], "load_seconds": {}, "fallback_load_seconds": 1.0, "aoti_kernels_at_2x3": None,
                 "bf16_gemm_tflops": 788.6 if floors else None, "copy_gbps": 4000.0 if floors else None,
@@ -57,10 +57,10 @@ def test_bench_shows_each_part_against_its_floor_where_the_card_was_measured():
 
     settings = SimpleNamespace(profile="sam3", precision="bf16", spec=SimpleNamespace(reference="bf16"))
     titles = {t.heading: t for t in bench_report(settings, info(True)).tables}
-    floor = next(t for title, t in titles.items() if title.startswith("The same parts against their floor"))
+    floor = next(t for title, t in titles.items() if title.startswith("The same sections against their floor"))
     assert floor.columns == ["B", "P", "text encoder", "ViT"]
     assert floor.rows == [[1, 1, "0.151 (weights), 14%", "7.12 (FLOPs), 47%"]]
-    rate = next(t for title, t in titles.items() if title.startswith("The same parts' GFLOP, the weights"))
+    rate = next(t for title, t in titles.items() if title.startswith("The same sections' GFLOP, the weights"))
     assert rate.rows[0][2] == "19.45 GFLOP, 604 MB, 1.0 (10%)" and rate.rows[0][-2:] == ["6200", "6000"]
     cpu = [t.heading for t in bench_report(settings, info(False)).tables]
-    assert not any(title.startswith("The same parts against their floor") for title in cpu)
+    assert not any(title.startswith("The same sections against their floor") for title in cpu)

@@ -1,5 +1,5 @@
 """ROI align in plain torch ops (model/roi_align.py) is torchvision's, which transformers' geometry encoder calls:
-checked in meta_reference's environment, which has torchvision (the project's has not)."""
+checked in meta_sam3's environment, which has torchvision (the project's has not)."""
 
 import json
 import os
@@ -14,7 +14,7 @@ from helpers import REPO
 from test_meta_parity import META_PROJECT, uv
 
 
-@pytest.mark.slow  # meta_reference's environment: a process of its own
+@pytest.mark.slow  # meta_sam3's environment: a process of its own
 def test_roi_align_is_torchvisions_on_random_maps_and_edge_tiny_and_whole_map_boxes():
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     proc = subprocess.run([uv(), "run", "--project", str(META_PROJECT), "--locked", "--quiet", "python",

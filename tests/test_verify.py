@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sam3_aoti.model.reference import ReferenceCache, sweep_shapes
-from sam3_aoti.measure import drift
+from sam3_aoti.pipeline import gates
 from sam3_aoti.pipeline import report
 from sam3_aoti.stages import verify
 from sam3_aoti.pipeline.cases import load_cases
@@ -97,9 +97,9 @@ def test_pearson_gates_only_the_dense_outputs():
     metrics["presence_logit_dec"] = {"max_abs": 1e-4, "pearson": -0.5}
     metrics["pred_boxes"]["pearson"] = 0.987
     metrics.update(top1_score_abs=0.0, top5_overlap=1.0, matched_box_abs=0.0, topk_mask_iou_min=1.0)
-    assert all(check.ok for check in drift.gate(metrics, tol, "aoti", "case"))
+    assert all(check.ok for check in gates.gate(metrics, tol, "aoti", "case"))
     metrics["pred_masks"]["pearson"] = 0.99  # dense masks decorrelating is drift
-    failed = [check.metric for check in drift.gate(metrics, tol, "aoti", "case") if not check.ok]
+    failed = [check.metric for check in gates.gate(metrics, tol, "aoti", "case") if not check.ok]
     assert failed == ["pred_masks pearson r"]
 
 
@@ -122,9 +122,9 @@ def test_the_reference_cache_keys_by_identity_and_inputs_and_keeps_only_what_was
 
 def test_an_outputs_own_tolerance_overrides_the_shared_one():
     tol = {"max_abs": 1e-3, "max_rel": 0.06, "per_output": {"pred_boxes": {"max_abs": 1e-3, "max_rel": 0}}}
-    assert drift.output_limit(tol, 0.5, "pred_masks") == pytest.approx(0.031)
-    assert drift.output_limit(tol, 0.5, "pred_boxes") == pytest.approx(1e-3)
-    assert drift.output_limit(tol, 0.5) == pytest.approx(0.031)
+    assert gates.output_limit(tol, 0.5, "pred_masks") == pytest.approx(0.031)
+    assert gates.output_limit(tol, 0.5, "pred_boxes") == pytest.approx(1e-3)
+    assert gates.output_limit(tol, 0.5) == pytest.approx(0.031)
 
 
 def test_a_failed_value_never_prints_as_its_limit():
@@ -200,9 +200,9 @@ def tiny_outputs(built_repo):
 @pytest.mark.parametrize("name", list(PERTURBATIONS))
 def test_each_perturbation_of_a_real_build_fails_verify(tiny_outputs, name, precision):
     tol = tomllib.loads((REPO / "pipeline.toml").read_text())["verify"]["tolerances"][precision]
-    assert all(c.ok for c in drift.gate(compare(tiny_outputs, tiny_outputs), tol, "aoti", "clean"))
+    assert all(c.ok for c in gates.gate(compare(tiny_outputs, tiny_outputs), tol, "aoti", "clean"))
     perturbed = PERTURBATIONS[name](tiny_outputs)
-    failed = [c.metric for c in drift.gate(compare(perturbed, tiny_outputs, mask_band=tol.get("mask_band", 0.0)),
+    failed = [c.metric for c in gates.gate(compare(perturbed, tiny_outputs, mask_band=tol.get("mask_band", 0.0)),
                                             tol, "aoti", name) if not c.ok]
     assert failed, f"{name} passes every {precision} gate"
 
@@ -230,7 +230,7 @@ def test_each_box_perturbation_of_a_real_build_fails_verify(package_path, name, 
         changed = BOX_PERTURBATIONS[name](BOXES, LABELS)
         wrong = package.model(images, token_ids) if changed is None else package.model_with_boxes(
             images, token_ids, *changed)
-    failed = [c.metric for c in drift.gate(compare(wrong, right, mask_band=tol.get("mask_band", 0.0)), tol, "aoti",
+    failed = [c.metric for c in gates.gate(compare(wrong, right, mask_band=tol.get("mask_band", 0.0)), tol, "aoti",
                                             name) if not c.ok]
     assert failed, f"{name} passes every {precision} gate"
 
@@ -253,7 +253,7 @@ def test_the_tiny_model_reacts_to_image_and_prompt_far_beyond_its_limits(built_r
     pairs = [(i, j) for i in range(len(cases)) for j in range(i + 1, len(cases))]
     for k, name in enumerate(OUTPUT_NAMES):
         grid = torch.stack([out[k] for out in outputs])  # [photograph, prompt, ...]
-        limit = drift.output_limit(tol, float(grid.abs().max()))
+        limit = gates.output_limit(tol, float(grid.abs().max()))
         by_image = min(float((grid[i] - grid[j]).abs().max()) for i, j in pairs)  # another photograph, same prompts
         by_prompt = min(float((grid[:, i] - grid[:, j]).abs().max()) for i, j in pairs)  # another prompt
         assert min(by_image, by_prompt) >= 100 * limit, f"{name}: image {by_image:.3g}, prompt {by_prompt:.3g}, limit {limit}"

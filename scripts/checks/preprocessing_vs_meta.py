@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from test_meta_parity import images, run_meta_reference  # noqa: E402
+from test_meta_parity import images, run_meta_sam3  # noqa: E402
 
 from sam3_aoti.model.grounding import ImageTransforms
 
@@ -19,7 +19,7 @@ def main() -> None:
     shots = images()
     raw = [torch.from_numpy(image).permute(2, 0, 1).contiguous() for _, image in shots]
     with tempfile.TemporaryDirectory() as folder:
-        theirs = run_meta_reference({"image_size": size, "images": raw}, Path(folder))["pixels"]
+        theirs = run_meta_sam3({"image_size": size, "images": raw}, Path(folder))["pixels"]
     ours = ImageTransforms(size)
     print(f"| image | size | max levels | pixels differing |  (resized to {size}x{size})\n|---|---|---|---|")
     for (name, image), one, meta in zip(shots, raw, theirs):

@@ -1,4 +1,4 @@
-"""A package's parts and the model's parts timed alone, with their FLOPs, weights read, rates and floors."""
+"""A package's parts and the model's sections timed alone, with their FLOPs, weights read, rates and floors."""
 
 from __future__ import annotations
 
@@ -52,19 +52,19 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
     return parts
 
 
-def time_part(wrapper, part, how: str, compiled: dict, device: str, opts: dict, gemm: float | None,
-              memory: float | None = None) -> dict:
-    """One model part (`model.part_calls.PartCall`) timed alone, "compiled" (torch.compile, CUDA graphs on the
+def time_section(wrapper, section, how: str, compiled: dict, device: str, opts: dict, gemm: float | None,
+                 memory: float | None = None) -> dict:
+    """One section (`model.section_calls.SectionCall`) timed alone, "compiled" (torch.compile, CUDA graphs on the
     GPU; `compiled` keeps the compiled callables across shapes) or "eager", with its FLOPs, the bytes of the
     weights it reads and its achieved rate. With the card's GEMM rate (TFLOP/s) and memory rate (GB/s), also
     its floor: its FLOPs at the one or its weights read once at the other, whichever takes longer (a lower
-    bound: activations are not counted), and the share of that floor the part reaches."""
+    bound: activations are not counted), and the share of that floor the section reaches."""
     import torch
 
     mode = "reduce-overhead" if device == "cuda" else None
-    runner = part.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else part
+    runner = section.compiled(lambda fn: torch.compile(fn, mode=mode), compiled) if how == "compiled" else section
     result = measure(runner.run, (), device, max(opts["warmup"], 3), opts["iters"])
-    flop, weight_bytes = flops_and_weights_of(wrapper, (), part.run)
+    flop, weight_bytes = flops_and_weights_of(wrapper, (), section.run)
     result.update(flop=flop, weight_bytes=weight_bytes,
                   tflop_per_s=round(flop / (result["median_ms"] * 1e-3) / 1e12, 2))
     if gemm:
@@ -78,42 +78,42 @@ def time_part(wrapper, part, how: str, compiled: dict, device: str, opts: dict, 
 RAW_FRAME = (1080, 1920)  # what the transforms row resizes: B frames of this size (the model call starts after it)
 
 
-def model_part_times(wrapper, transforms, images, token_ids, how: str, compiled: dict, device: str, opts: dict,
-                     whole_ms: float | None, gemm: float | None, memory: float | None = None) -> dict:
-    """Each model part at this shape alone, fed what one whole call gives it (model.part_calls), `how`
-    "compiled" (torch.compile, one compile per part kept across shapes in `compiled`; CUDA graphs on the GPU)
-    or "eager", with its FLOPs (FlopCounterMode on the part), weights read, achieved rate and floor
-    (`time_part`). `whole_ms`, the package's own call at this shape, less the parts' sum is what runs between
+def section_times(wrapper, transforms, images, token_ids, how: str, compiled: dict, device: str, opts: dict,
+                  whole_ms: float | None, gemm: float | None, memory: float | None = None) -> dict:
+    """Each section at this shape alone, fed what one whole call gives it (model.section_calls), `how`
+    "compiled" (torch.compile, one compile per section kept across shapes in `compiled`; CUDA graphs on the GPU)
+    or "eager", with its FLOPs (FlopCounterMode on the section), weights read, achieved rate and floor
+    (`time_section`). `whole_ms`, the package's own call at this shape, less the sections' sum is what runs between
     them (and what fusing across them saves). `flop` is the whole call's FLOPs as the build computes them, which
-    the parts' add up to: an optimization may restructure the model's arithmetic (`pixel_decoder_per_image` adds
+    the sections' add up to: an optimization may restructure the model's arithmetic (`pixel_decoder_per_image` adds
     some at one pair and saves more from two pairs an image on), so it can differ from the model's count, the
     row's `flop`. The package's own `transforms` is timed on B raw frames beside them (before the model call,
     not in it)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..model.part_calls import record_part_calls
+    from ..model.section_calls import record_section_calls
 
     counter = FlopCounterMode(display=False)  # the recording call is a whole call: count it as it runs
-    parts = run_under(wrapper, (wrapper, images, token_ids), record_part_calls, counter)
-    rows = {name: time_part(wrapper, part, how, compiled, device, opts, gemm, memory)
-            for name, part in parts.items()}
+    sections = run_under(wrapper, (wrapper, images, token_ids), record_section_calls, counter)
+    rows = {name: time_section(wrapper, section, how, compiled, device, opts, gemm, memory)
+            for name, section in sections.items()}
     frames = torch.rand(images.shape[0], 3, *RAW_FRAME, device=images.device) * 255
     before = measure(transforms, (frames,), device, opts["warmup"], opts["iters"])
     total = round(sum(r["median_ms"] for r in rows.values()), 2)
-    log.info("  model parts (%s): %s; sum %.2f ms, the package's call %s ms", how,
+    log.info("  sections (%s): %s; sum %.2f ms, the package's call %s ms", how,
              ", ".join(f"{n} {r['median_ms']:.2f}" for n, r in rows.items()), total, whole_ms)
-    return {"how": how, "parts": rows, "flop": counter.get_total_flops(), "transforms": before,
+    return {"how": how, "sections": rows, "flop": counter.get_total_flops(), "transforms": before,
             "sum_ms": total, "package_ms": whole_ms,
             "between_ms": round(whole_ms - total, 2) if whole_ms is not None else None}
 
 
-def part_rate(part: dict) -> str:
-    """A timed part's GFLOP, weights read and achieved TFLOP/s (share of the GEMM rate), for a table cell."""
-    share = f" ({part['share_of_gemm_rate']:.0%})" if "share_of_gemm_rate" in part else ""
-    return f"{part['flop'] / 1e9:.4g} GFLOP, {part['weight_bytes'] / 1e6:.4g} MB, {part['tflop_per_s']}{share}"
+def section_rate(section: dict) -> str:
+    """A timed section's GFLOP, weights read and achieved TFLOP/s (share of the GEMM rate), for a table cell."""
+    share = f" ({section['share_of_gemm_rate']:.0%})" if "share_of_gemm_rate" in section else ""
+    return f"{section['flop'] / 1e9:.4g} GFLOP, {section['weight_bytes'] / 1e6:.4g} MB, {section['tflop_per_s']}{share}"
 
 
-def part_floor(part: dict) -> str:
-    """A timed part's floor in ms, what sets it, and the share of it the part reaches, for a table cell."""
-    return f"{part['floor_ms']:.3g} ({part['floor_of']}), {part['share_of_floor']:.0%}"
+def section_floor(section: dict) -> str:
+    """A timed section's floor in ms, what sets it, and the share of it the section reaches, for a table cell."""
+    return f"{section['floor_ms']:.3g} ({section['floor_of']}), {section['share_of_floor']:.0%}"

@@ -7,7 +7,7 @@ depends on the box. Here every box gets the most any box inside the map can need
 and the samples past its own count weigh nothing. Bilinear sampling on a grid is separable, so each box's bins
 are two small interpolation matrices (rows: bins, columns: the map's rows or columns) applied to the map:
 `pooled = Ay @ map @ Ax^T`, the average folded into them. tests/test_roi_align.py holds it to torchvision's in an
-environment that has torchvision (meta_reference/).
+environment that has torchvision (meta_sam3/).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ SCHEMA = {
         "isa_probe_loaders": (*_flag(), REQUIRED),
         "columns": (*_distinct(tuple(BENCH_COLUMNS), "columns"), REQUIRED),
         "load_times": (*_flag(), REQUIRED),
-        "model_parts": (*_choice("compiled", "eager", "off"), OPTIONAL),
+        "sections": (*_choice("compiled", "eager", "off"), OPTIONAL),
     }, REQUIRED),
     "throughput": ({
         "images": (*_int(1, 1_000_000), REQUIRED),

@@ -7,10 +7,10 @@ warm-up (CUDA events on the GPU, wall clock on the CPU), images/s, peak working 
 (`FlopCounterMode` on the eager model) and the achieved share of the card's bf16 GEMM rate, measured in the
 same run. On the GPU also a kernel-category breakdown of one (2, 3) call with the launches per call. A split
 package's parts (`[export] split`) are timed alone at each shape, with their FLOPs: the image encoder, the
-text encoder, the heads, and new prompts against encoded images. And where a call's time goes by model part
-(`[bench] model_parts`): ViT, text encoder, geometry encoder, DETR encoder, DETR decoder, mask decoder and
+text encoder, the heads, and new prompts against encoded images. And where a call's time goes by section
+(`[bench] sections`): ViT, text encoder, geometry encoder, DETR encoder, DETR decoder, mask decoder and
 scoring, each compiled alone (torch.compile, CUDA graphs on the GPU) from the build's own wrapper and fed what
-one whole call gives it, with FLOPs, weights read, achieved rate and (on the GPU) the floor of each part,
+one whole call gives it, with FLOPs, weights read, achieved rate and (on the GPU) the floor of each section,
 beside the package's `transforms`. Every column warms up at every shape before any is timed, and the rows
 rotate the order the columns run in. Writes bench.json, bench.md and bench.png. A benchmark, not a gate: it
 never fails on speed.
@@ -24,7 +24,7 @@ import time
 from ..measure.counts import flops_of
 from ..measure.kernels import kernel_breakdown
 from ..measure.load_times import load_seconds
-from ..measure.parts import RAW_FRAME, model_part_times, part_floor, part_rate, part_times
+from ..measure.parts import RAW_FRAME, part_times, section_floor, section_rate, section_times
 from ..measure.rates import copy_gbps, gemm_tflops
 from ..measure.timing import measure, rotated, warm_up
 from ..pipeline.artifacts import record
@@ -41,8 +41,8 @@ PHRASES = ("a person", "a car", "a tree", "a building", "a swimming pool", "a ro
            "a dog", "a bicycle", "a truck", "a field", "a river", "a bridge", "a solar panel", "a parking lot")
 PROFILE_SHAPE = (2, 3)  # the call whose kernels are broken down
 
-def part_wrapper(settings: Settings):
-    """The model as the export stage wraps it (the build's precision recipe), whose parts bench times alone."""
+def section_wrapper(settings: Settings):
+    """The model as the export stage wraps it (the build's precision recipe), whose sections bench times alone."""
     from ..model.checkpoints import load_model
     from ..model.grounding import Sam3Grounding
 
@@ -74,8 +74,8 @@ def run(settings: Settings) -> None:
     fallback_s = time.perf_counter() - t0
     log.info("load: exported-program fallback %.2f s", fallback_s)
     eager, _ = eager_reference(settings)  # also what FLOPs are counted on
-    parts_how = opts.get("model_parts", "compiled")
-    wrapper, compiled_parts = (part_wrapper(settings), {}) if parts_how != "off" else (None, None)
+    sections_how = opts.get("sections", "compiled")
+    wrapper, compiled_sections = (section_wrapper(settings), {}) if sections_how != "off" else (None, None)
     backends = {COLUMNS[c]: fn for c, fn in
                 [("transformers", eager), ("exported", exported.model), ("aoti", package.model)] if c in columns}
     graphed = None
@@ -117,9 +117,9 @@ def run(settings: Settings) -> None:
             row["parts"] = part_times(graphed or package, eager, images, token_ids, flops, settings.device, opts)
         if wrapper is not None:
             whole = row["backends"].get(COLUMNS["aoti_graphs"]) or row["backends"].get(COLUMNS["aoti"])
-            row["model_parts"] = model_part_times(wrapper, package.transforms, images, token_ids, parts_how,
-                                                  compiled_parts, settings.device, opts,
-                                                  whole["median_ms"] if whole else None, gemm, memory)
+            row["sections"] = section_times(wrapper, package.transforms, images, token_ids, sections_how,
+                                            compiled_sections, settings.device, opts,
+                                            whole["median_ms"] if whole else None, gemm, memory)
         rows.append(row)
         if cuda and (b, p) == PROFILE_SHAPE:
             breakdown = kernel_breakdown(package.model, (images, token_ids))
@@ -172,33 +172,33 @@ def bench_report(settings: Settings, info: dict) -> Report:
                             [[r["batch"], r["prompts"], *(f"{r['parts'][n]['median_ms']} ({r['parts'][n]['p90_ms']})"
                                                           for n in parts),
                               *(r["parts"][n]["tflop_per_s"] for n in rated)] for r in split]))
-    by_part = [r for r in rows if r.get("model_parts")]
-    if by_part:
-        names = list(by_part[0]["model_parts"]["parts"])
-        how = by_part[0]["model_parts"]["how"]
-        tables.append(Table(f"Where a call's time goes, by model part: each part {how} alone, fed what the whole "
+    by_section = [r for r in rows if r.get("sections")]
+    if by_section:
+        names = list(by_section[0]["sections"]["sections"])
+        how = by_section[0]["sections"]["how"]
+        tables.append(Table(f"Where a call's time goes, by section: each section {how} alone, fed what the whole "
                             "model gives it (ms, median)",
                             ["B", "P", f"transforms (B {RAW_FRAME[0]} × {RAW_FRAME[1]} frames, the package's, "
-                             "before the call)", *names, "sum of parts", "the package's call", "between the parts"],
-                            [[r["batch"], r["prompts"], r["model_parts"]["transforms"]["median_ms"],
-                              *(r["model_parts"]["parts"][n]["median_ms"] for n in names),
-                              r["model_parts"]["sum_ms"], dash(r["model_parts"]["package_ms"]),
-                              dash(r["model_parts"]["between_ms"])] for r in by_part]))
-        first = by_part[0]["model_parts"]["parts"][names[0]]
-        rate = ("The same parts' GFLOP, the weights they read and their achieved TFLOP/s"
+                             "before the call)", *names, "sum of sections", "the package's call", "between the sections"],
+                            [[r["batch"], r["prompts"], r["sections"]["transforms"]["median_ms"],
+                              *(r["sections"]["sections"][n]["median_ms"] for n in names),
+                              r["sections"]["sum_ms"], dash(r["sections"]["package_ms"]),
+                              dash(r["sections"]["between_ms"])] for r in by_section]))
+        first = by_section[0]["sections"]["sections"][names[0]]
+        rate = ("The same sections' GFLOP, the weights they read and their achieved TFLOP/s"
                 + (" (share of the GEMM rate)" if "share_of_gemm_rate" in first else "")
-                + "; the whole call's GFLOP as the build computes them, which the parts' add up to, beside the "
+                + "; the whole call's GFLOP as the build computes them, which the sections' add up to, beside the "
                 "model's count (the latency table's; optimizations may restructure the arithmetic)")
         tables.append(Table(rate, ["B", "P", *names, "whole call, the build's GFLOP", "the model's GFLOP"],
-                            [[r["batch"], r["prompts"], *(part_rate(r["model_parts"]["parts"][n]) for n in names),
-                              f"{r['model_parts']['flop'] / 1e9:.4g}", f"{r['flop'] / 1e9:.4g}"] for r in by_part]))
+                            [[r["batch"], r["prompts"], *(section_rate(r["sections"]["sections"][n]) for n in names),
+                              f"{r['sections']['flop'] / 1e9:.4g}", f"{r['flop'] / 1e9:.4g}"] for r in by_section]))
         if "floor_ms" in first:
-            tables.append(Table("The same parts against their floor: their FLOPs at the GEMM rate or their weights "
+            tables.append(Table("The same sections against their floor: their FLOPs at the GEMM rate or their weights "
                                 "read once at the copy rate, whichever takes longer (a lower bound: activations "
-                                "are not counted); ms, and the share of it each part reaches",
+                                "are not counted); ms, and the share of it each section reaches",
                                 ["B", "P", *names],
-                                [[r["batch"], r["prompts"], *(part_floor(r["model_parts"]["parts"][n]) for n in names)]
-                                 for r in by_part]))
+                                [[r["batch"], r["prompts"], *(section_floor(r["sections"]["sections"][n]) for n in names)]
+                                 for r in by_section]))
     kernels = info.get("aoti_kernels_at_2x3")
     if kernels:
         tables.append(Table(f"AOTI kernels of one {PROFILE_SHAPE[0]} x {PROFILE_SHAPE[1]} call (torch.profiler)",
@@ -223,16 +223,16 @@ def bench_report(settings: Settings, info: dict) -> Report:
 
 def plot(rows: list[dict], title: str) -> bytes:
     """Grouped bars, one group per (B, P), one bar per backend; below them, where the rows have it, one stacked
-    bar per (B, P) of the model parts' ms. A PNG (PIL: no plotting dependency)."""
+    bar per (B, P) of the sections' ms. A PNG (PIL: no plotting dependency)."""
     import io
 
     from PIL import Image, ImageDraw
 
     names = list(rows[0]["backends"]) if rows else []
-    by_part = [r for r in rows if r.get("model_parts")]
+    by_section = [r for r in rows if r.get("sections")]
     colors = ["#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     width, panel, left, bottom, top = 900, 420, 60, 50, 40
-    image = Image.new("RGB", (width, panel * (2 if by_part else 1)), "white")
+    image = Image.new("RGB", (width, panel * (2 if by_section else 1)), "white")
     draw = ImageDraw.Draw(image)
     draw.text((left, 10), f"{title}: median ms per call", fill="black")
     peak = max((v["median_ms"] for r in rows for v in r["backends"].values()), default=1.0)
@@ -248,25 +248,25 @@ def plot(rows: list[dict], title: str) -> bytes:
             draw.text((x, panel - bottom - h - 12), f"{ms:.0f}", fill="black")
         draw.text((x0, panel - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
     legend(draw, names, colors, left, panel - 20)
-    if by_part:
-        parts = list(by_part[0]["model_parts"]["parts"])
+    if by_section:
+        sections = list(by_section[0]["sections"]["sections"])
         base = 2 * panel
-        draw.text((left, panel + 10), f"by model part ({by_part[0]['model_parts']['how']} alone): median ms, "
+        draw.text((left, panel + 10), f"by section ({by_section[0]['sections']['how']} alone): median ms, "
                                       "stacked; the line: the package's call", fill="black")
-        peak = max(max(r["model_parts"]["sum_ms"], r["model_parts"]["package_ms"] or 0) for r in by_part) or 1.0
-        group = (width - left - 20) / len(by_part)
+        peak = max(max(r["sections"]["sum_ms"], r["sections"]["package_ms"] or 0) for r in by_section) or 1.0
+        group = (width - left - 20) / len(by_section)
         scale = (panel - bottom - top) / peak
-        for gi, r in enumerate(by_part):
+        for gi, r in enumerate(by_section):
             x0, y = left + gi * group + group * 0.3, base - bottom
-            for pi, name in enumerate(parts):
-                h = r["model_parts"]["parts"][name]["median_ms"] * scale
+            for pi, name in enumerate(sections):
+                h = r["sections"]["sections"][name]["median_ms"] * scale
                 draw.rectangle([x0, y - h, x0 + group * 0.4, y], fill=colors[pi % len(colors)])
                 y -= h
-            if r["model_parts"]["package_ms"]:
-                line = base - bottom - r["model_parts"]["package_ms"] * scale
+            if r["sections"]["package_ms"]:
+                line = base - bottom - r["sections"]["package_ms"] * scale
                 draw.line([x0 - 6, line, x0 + group * 0.4 + 6, line], fill="black", width=2)
             draw.text((x0, base - bottom + 5), f"B={r['batch']} P={r['prompts']}", fill="black")
-        legend(draw, parts, colors, left, base - 20, step=115)
+        legend(draw, sections, colors, left, base - 20, step=115)
     out = io.BytesIO()
     image.save(out, format="PNG")
     return out.getvalue()

@@ -10,9 +10,10 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import DriftError, Sam3AotiError
-from ..measure.drift import fallback_key, gated, measure_drift
+from ..measure.drift import fallback_key, measure_drift
 from ..model.reference import ReferenceCache, sweep_shapes
 from ..pipeline.artifacts import mark, record
+from ..pipeline.gates import gated
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.report import Check, Report, margin, summarize, write_report
 from ..pipeline.settings import Settings

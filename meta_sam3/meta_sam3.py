@@ -7,7 +7,7 @@ Sam3Processor's image transform on raw images, and per prompt `forward_grounding
 prompt (as Sam3Processor does for text prompts), with Meta's own tokenizer.
 
 Runs in this folder's environment (torchvision, timm):
-  uv run --project meta_reference python meta_reference/meta_reference.py REQUEST.pt RESULT.pt
+  uv run --project meta_sam3 python meta_sam3/meta_sam3.py REQUEST.pt RESULT.pt
 REQUEST.pt: {"image_size": S, "images": [uint8 [3,H,W]], and for the model (else only the transform runs):
              "config": config.json as a dict, "checkpoint": path of sam3.pt, "bpe": CLIP's BPE vocabulary,
              "pixels": [[1,3,S,S] float], "prompts": [[str]]}

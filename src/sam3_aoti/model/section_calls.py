@@ -1,15 +1,15 @@
-"""SAM3's parts as the whole model calls them, for timing each alone: one call of the export wrapper records
-every part's inputs (after the precision recipe cast them), so a part re-run alone gets exactly what it gets
-inside the model at that shape."""
+"""SAM3's sections (ViT, text encoder, ... the sub-networks bench times) as the whole model calls them, for
+timing each alone: one call of the export wrapper records every section's inputs (after the precision recipe cast
+them), so a section re-run alone gets exactly what it gets inside the model at that shape."""
 
 from __future__ import annotations
 
 import torch
 
-# The parts of one model call, in call order: name -> the Sam3Model children that are that part. The geometry
+# The sections of one model call, in call order: name -> the Sam3Model children that are that section. The geometry
 # encoder is the wrapper's own no-box path (`empty_geometry_prompt`), not a module call; the DETR encoder also holds
 # its first self-attention and the mask decoder its laterals, which the wrapper runs per image before their calls.
-MODEL_PARTS = {
+SECTIONS = {
     "ViT": ("vision_encoder",),
     "text encoder": ("text_encoder", "text_projection"),
     "geometry encoder": (),
@@ -21,8 +21,8 @@ MODEL_PARTS = {
 GEOMETRY = "geometry encoder"
 
 
-class PartCall:
-    """One part's calls in one model call: `run()` repeats them on the recorded inputs."""
+class SectionCall:
+    """One section's calls in one model call: `run()` repeats them on the recorded inputs."""
 
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls  # [(callable, args, kwargs)]
@@ -30,19 +30,19 @@ class PartCall:
     def run(self):
         return [fn(*args, **kwargs) for fn, args, kwargs in self.calls]
 
-    def compiled(self, compile_fn, done: dict) -> "PartCall":
-        """The same calls through `compile_fn` (e.g. torch.compile). `done` keeps each compiled callable by part
-        and position, so the same part recorded at another shape reuses it (and its compiled code)."""
+    def compiled(self, compile_fn, done: dict) -> "SectionCall":
+        """The same calls through `compile_fn` (e.g. torch.compile). `done` keeps each compiled callable by section
+        and position, so the same section recorded at another shape reuses it (and its compiled code)."""
         calls = []
         for i, (fn, args, kwargs) in enumerate(self.calls):
             if (self.name, i) not in done:
                 done[(self.name, i)] = compile_fn(fn)
             calls.append((done[(self.name, i)], args, kwargs))
-        return PartCall(self.name, calls)
+        return SectionCall(self.name, calls)
 
 
 def _per_image_methods(wrapper) -> dict[str, tuple]:
-    """The methods the wrapper calls once per image outside a part's module call: part child -> (module, name).
+    """The methods the wrapper calls once per image outside a section's module call: section child -> (module, name).
     The DETR encoder's first self-attention; with `pixel_decoder_per_image`, the mask decoder's laterals."""
     model = wrapper.model
     methods = {"detr_encoder": (model.detr_encoder.layers[0], "self_attend")}
@@ -51,10 +51,10 @@ def _per_image_methods(wrapper) -> dict[str, tuple]:
     return methods
 
 
-def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) -> dict[str, PartCall]:
-    """Every part of `MODEL_PARTS` with the calls one `wrapper(images, token_ids)` makes of it."""
+def record_section_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) -> dict[str, SectionCall]:
+    """Every section of `SECTIONS` with the calls one `wrapper(images, token_ids)` makes of it."""
     model, seen, vision = wrapper.model, {}, []
-    children = [c for names in MODEL_PARTS.values() for c in names]
+    children = [c for names in SECTIONS.values() for c in names]
     methods = _per_image_methods(wrapper)
     per_image = {child: [] for child in methods}
 
@@ -84,10 +84,10 @@ def record_part_calls(wrapper, images: torch.Tensor, token_ids: torch.Tensor) ->
     missing = [c for c in children if c not in seen] + [f"{m[1]} once" for c, m in methods.items()
                                                          if len(per_image[c]) != 1]
     if missing or len(vision) != 1:
-        raise RuntimeError(f"one model call did not call {missing or ['vision_encoder once']}: the parts moved in "
-                           "transformers' Sam3Model; update model/part_calls.py")
+        raise RuntimeError(f"one model call did not call {missing or ['vision_encoder once']}: the sections moved in "
+                           "transformers' Sam3Model; update model/section_calls.py")
     for child, calls in per_image.items():
         seen[child] = calls + seen[child]
-    parts = {name: PartCall(name, [call for c in names for call in seen[c]]) for name, names in MODEL_PARTS.items()}
-    parts[GEOMETRY] = PartCall(GEOMETRY, [(wrapper.empty_geometry_prompt, (vision[0],), {})])
-    return parts
+    sections = {name: SectionCall(name, [call for c in names for call in seen[c]]) for name, names in SECTIONS.items()}
+    sections[GEOMETRY] = SectionCall(GEOMETRY, [(wrapper.empty_geometry_prompt, (vision[0],), {})])
+    return sections
