@@ -39,6 +39,7 @@ def test_first_run_builds_every_stage(built_repo):
     verify_log = (art / "logs" / "verify.log").read_text()
     assert re.search(r"eager reference: (\d+) of \1 from the reference cache", verify_log), verify_log
     assert "loaded the eager model" not in verify_log  # beside the compile, not on the way to the pictures
+    assert "the fallback as its stage measured it" in verify_log and "loaded the exported fallback" not in verify_log
 
 
 def test_second_run_executes_nothing(built_repo):

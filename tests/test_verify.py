@@ -59,6 +59,22 @@ def test_a_perturbed_package_fails_the_gates(built_repo, tmp_path):
     assert {r.backend for r in honest} == {f"{b}{how}" for b in ("aoti", "exported") for how in ("", " split", " chunks")}
 
 
+def test_verify_gates_the_fallback_stages_numbers_only_for_the_fallback_they_measured(built_repo, monkeypatch):
+    """The fallback_drift stage's records stand in for loading the fallback where its key (the packaged
+    fallback's sha256, checked against its digest, verify's inputs and eager's identity) is today's; any other
+    key, and verify measures the fallback itself."""
+    from sam3_aoti.pipeline.paths import ProfilePaths
+
+    settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
+    paths = ProfilePaths.of(settings)
+    cache = ReferenceCache.of(settings)
+    records = verify.fallback_measured(settings, paths, cache)
+    assert records and {r["backend"] for r in records} == {"exported", "exported split", "exported chunks",
+                                                          "exported boxes"}
+    monkeypatch.setattr(verify, "fallback_key", lambda *args: "another fallback, inputs or eager")
+    assert verify.fallback_measured(settings, paths, cache) is None
+
+
 def test_mask_iou_and_matched_boxes():
     a = torch.zeros(1, 2, 4, 4)
     a[0, 0, :2] = 1

@@ -17,6 +17,7 @@ SCORE_GATES = [
     (Gate("top-5 matched box max|diff|", "matched_box_abs", "<="), "box_abs"),
     (Gate("top-5 mask IoU (min)", "topk_mask_iou_min", ">="), "mask_iou_min"),  # pixels with |ref logit| >= mask_band
 ]
+TRANSFORMS_LIMIT = 1e-4  # the package's transforms against eager's, on a case's photograph
 
 
 def output_limit(tol: dict, reference_max: float, name: str | None = None) -> float:

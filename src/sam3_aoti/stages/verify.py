@@ -72,9 +72,10 @@ def fallback_measured(settings: Settings, paths: ProfilePaths, cache) -> list[di
         stored = json.loads(paths.fallback_drift.read_text())
         check_package(fallback)
         digest = read_digest_file(digest_file(fallback))
-    except (OSError, ValueError, Sam3AotiError):
+        same = stored.get("key") == fallback_key(settings, digest, cache)
+    except (OSError, ValueError, AttributeError, Sam3AotiError):
         return None  # measured here instead: whatever is wrong, loading it says so in one line
-    return stored["records"] if stored.get("key") == fallback_key(settings, digest, cache) else None
+    return stored.get("records") if same else None
 
 
 def run(settings: Settings) -> None:
