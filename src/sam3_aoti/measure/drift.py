@@ -72,7 +72,7 @@ def measure_drift(settings, backends: dict, eager, transforms, cases, cache) -> 
 
 
 def fallback_key(settings, fallback_sha256: str, cache) -> str:
-    """What the fallback stage's numbers hold for: the fallback's bytes, verify's inputs (its shapes, the cases
+    """What the fallback_drift stage's numbers hold for: the fallback's bytes, verify's inputs (its shapes, the cases
     file), the mask band its IoU leaves out, and eager's identity (weights, model code, versions)."""
     import hashlib
     import json

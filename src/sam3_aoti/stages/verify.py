@@ -53,14 +53,14 @@ def timed(what: str, load, *args):
 
 def run_checks(settings: Settings, backends: dict, eager, transforms, cases, cache, measured: list | None = None
                ) -> list[Check]:
-    """Every ✓/✗ row: `backends` measured now, plus `measured`, records of the fallback stage."""
+    """Every ✓/✗ row: `backends` measured now, plus `measured`, records of the fallback_drift stage."""
     tol = settings.stage("verify")["tolerances"][settings.spec.tolerances]
     records = measure_drift(settings, backends, eager, transforms, cases, cache) + (measured or [])
     return gated(records, tol)
 
 
 def fallback_measured(settings: Settings, paths: ProfilePaths, cache) -> list[dict] | None:
-    """The fallback stage's records, where they hold for the fallback beside this package (its bytes checked
+    """The fallback_drift stage's records, where they hold for the fallback beside this package (its bytes checked
     against the digest beside it, as a load would check them) and for today's inputs and eager; else None."""
     import json
 
