@@ -16,10 +16,10 @@ import logging
 import time
 
 from ..measure.drift import fallback_key, measure_drift
-from ..pipeline.artifacts import record
+from ..pipeline.artifacts import record, recorded_sha256
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings, compared_shapes
-from ..runtime.files import sha256, write_text_atomic
+from ..runtime.files import write_text_atomic
 
 log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a stage is "__main__"
 
@@ -45,7 +45,7 @@ def run(settings: Settings) -> None:
     cache = ReferenceCache.of(settings)
     eager = functools.cache(lambda: eager_reference(settings)[0])  # only for an input the reference stage lacks
     records = measure_drift(settings, {"exported": fallback}, eager, reference_transforms(settings), cases, cache)
-    key = fallback_key(settings, sha256(paths.exported_portable), cache)
+    key = fallback_key(settings, recorded_sha256(paths.manifest, paths.exported_portable), cache)
     write_text_atomic(paths.fallback_drift, json.dumps({"key": key, "records": records}, indent=1) + "\n")
     log.info("measured against eager in %.1f s: %d runs on %d inputs (%d of eager's from the reference cache)",
              time.perf_counter() - t0, sum("metrics" in r for r in records), len(cache.used), cache.hits)
