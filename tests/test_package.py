@@ -179,6 +179,22 @@ def test_compiled_code_reading_a_tensor_derived_from_the_weights_is_refused(buil
         check_constants_are_weights("model", [*constants, packed], exported)
 
 
+def test_the_blob_check_compares_every_byte_and_the_length(built_repo, tmp_path):
+    """The compile stage's check that the package stage rebuilds AOTInductor's blob: equal on the blob the writer
+    makes, refused for one byte changed, a byte more or a byte less."""
+    from sam3_aoti.aoti.weights_blob import blob_matches, write_weights_blob
+
+    exported = built_repo / TINY / "export" / "programs.pt2"
+    entry = json.loads((built_repo / TINY / "compiled" / "index.json").read_text())["models"]["model"]
+    blob = tmp_path / "model.blob"
+    size = write_weights_blob(exported, "model", entry, blob)
+    assert size == entry["blob_bytes"] > 0 and blob_matches(exported, "model", entry, blob)
+    data = blob.read_bytes()
+    for changed in (data[:size // 2] + bytes([data[size // 2] ^ 1]) + data[size // 2 + 1:], data + b"\0", data[:-1]):
+        blob.write_bytes(changed)
+        assert not blob_matches(exported, "model", entry, blob)
+
+
 def test_the_compile_index_says_where_each_compile_spent_its_time(built_repo):
     """compile_phases: Inductor's own phase timings of each program's compile; the C++ build of the wrapper
     is always one of them, and no phase outlasts the whole compile."""

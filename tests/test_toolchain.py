@@ -389,7 +389,7 @@ def test_the_vector_isa_verdict_is_kept_per_machine_and_told_to_inductor(tmp_pat
     skip the check only where every ISA built, and a failed verdict is never turned into a skip."""
     import torch._inductor.config as config
 
-    from sam3_aoti.aoti import vec_isa
+    from sam3_aoti.pipeline import vec_isa
 
     monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path))
     monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
@@ -414,7 +414,7 @@ def test_processes_that_start_together_check_the_vector_isas_once(tmp_path, monk
 
     import torch._inductor.config as config
 
-    from sam3_aoti.aoti import vec_isa
+    from sam3_aoti.pipeline import vec_isa
 
     monkeypatch.setenv("SAM3_AOTI_CACHE", str(tmp_path))
     monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
@@ -434,7 +434,7 @@ def test_processes_that_start_together_check_the_vector_isas_once(tmp_path, monk
 @pytest.mark.slow  # Inductor builds and loads its ISA test libraries
 def test_a_skipped_isa_check_picks_the_isa_inductor_would(tmp_path):
     probe = ("import json; import torch._inductor.config as c; from torch._inductor.cpu_vec_isa import pick_vec_isa; "
-             "from sam3_aoti.aoti.vec_isa import skip_known_isa_check; skipped = skip_known_isa_check(); "
+             "from sam3_aoti.pipeline.vec_isa import skip_known_isa_check; skipped = skip_known_isa_check(); "
              "print(json.dumps([skipped, str(pick_vec_isa()), c.cpp.vec_isa_ok]))")
     env = {**os.environ, "SAM3_AOTI_CACHE": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "PYTHONPATH": str(REPO / "src")}

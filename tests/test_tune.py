@@ -125,6 +125,8 @@ def test_the_tune_table_is_checked(tmp_path):
 
 AUTOTUNED_COMPILE = """
 import sys, torch
+from sam3_aoti.pipeline.vec_isa import skip_known_isa_check
+skip_known_isa_check()  # as the tune and compile stages do: the ISA check once per machine
 class Layer(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -3,7 +3,6 @@ checks that the package stage can rebuild the weights blob from any checkpoint o
 
 from __future__ import annotations
 
-import filecmp
 import platform
 import re
 import shutil
@@ -12,8 +11,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import CompileError, first_line
+from ..pipeline.vec_isa import skip_known_isa_check
 from ..runtime.archive import BLOB_SUFFIX, MODEL_NAMES, PART_NAMES, archive_entries
-from .vec_isa import skip_known_isa_check
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
 # alike); no tensor constant folded into generated code, so the code is independent of weight values.
@@ -209,7 +208,7 @@ def compiled_outputs(name: str, files: list[str]) -> tuple[list[Path], Path, lis
 def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> dict:
     """Copy one model's compiled files (all but the blob) to `dest`, and check that the package stage's
     blob writer reproduces AOTInductor's blob byte for byte from the exported archive."""
-    from .weights_blob import write_weights_blob
+    from .weights_blob import blob_matches
 
     paths, blob, constants = compiled_outputs(name, files)
     check_constants_are_weights(name, constants, exported)
@@ -219,12 +218,7 @@ def keep_compiled(name: str, files: list[str], exported: Path, dest: Path) -> di
             shutil.copy2(p, dest / p.name)
     entry = {"files": sorted(p.name for p in paths if p != blob), "blob": blob.name,
              "constants": constants, "blob_bytes": blob.stat().st_size}
-    rebuilt = dest.parent / f".{name}.check.blob"
-    try:
-        write_weights_blob(exported, name, entry, rebuilt)
-        if not filecmp.cmp(rebuilt, blob, shallow=False):
-            raise CompileError(f"the weights blob rebuilt for {name} differs from AOTInductor's: re-packaging new "
-                               "weights would be wrong with this torch version")
-    finally:
-        rebuilt.unlink(missing_ok=True)
+    if not blob_matches(exported, name, entry, blob):
+        raise CompileError(f"the weights blob rebuilt for {name} differs from AOTInductor's: re-packaging new "
+                           "weights would be wrong with this torch version")
     return entry

@@ -26,13 +26,13 @@ def tensor_entries(archive: zipfile.ZipFile, model: str) -> dict[str, str]:
     return found
 
 
-def write_weights_blob(exported: Path, model: str, compiled: dict, out: Path) -> int:
-    """AOTInductor's weights blob for `model`, built from the exported archive's tensors in the order the
-    compiled wrapper reads them. Returns its size. The `compile` stage checks it equals AOTInductor's own."""
+def weights_blob_pieces(exported: Path, model: str, compiled: dict):
+    """AOTInductor's weights blob for `model`, piece by piece: the exported archive's tensors in the order the
+    compiled wrapper reads them, each padded as AOTInductor pads it, with every size checked."""
     constants = [c for c in compiled["constants"] if not c["folded"]]
     pad = not all(c["cuda"] for c in constants)
     size = 0
-    with zipfile.ZipFile(exported) as archive, open(out, "wb") as blob:
+    with zipfile.ZipFile(exported) as archive:
         entries = tensor_entries(archive, model)
         for c in constants:
             if c["fqn"] not in entries:
@@ -44,9 +44,29 @@ def write_weights_blob(exported: Path, model: str, compiled: dict, out: Path) ->
             if len(data) != c["bytes"]:
                 raise PackageError(f"{model} tensor {c['fqn']!r} has {len(data)} bytes, the compiled code expects "
                                    f"{c['bytes']}: run `uv run doit compile`")
-            blob.write(data)
             size += len(data)
+            yield data
     if size != compiled["blob_bytes"]:
         raise PackageError(f"{model}'s weights blob has {size} bytes, the compiled code expects "
                            f"{compiled['blob_bytes']}: run `uv run doit compile`")
+
+
+def write_weights_blob(exported: Path, model: str, compiled: dict, out: Path) -> int:
+    """AOTInductor's weights blob for `model`, built from the exported archive's tensors. Returns its size. The
+    `compile` stage checks that the same pieces make AOTInductor's own blob (`blob_matches`)."""
+    size = 0
+    with open(out, "wb") as blob:
+        for data in weights_blob_pieces(exported, model, compiled):
+            blob.write(data)
+            size += len(data)
     return size
+
+
+def blob_matches(exported: Path, model: str, compiled: dict, blob: Path) -> bool:
+    """Whether the blob the package stage would write for `model` is AOTInductor's `blob`, byte for byte: compared
+    piece by piece as it is rebuilt, with nothing written (a full-size blob is 1.6 GB)."""
+    with open(blob, "rb") as theirs:
+        for data in weights_blob_pieces(exported, model, compiled):
+            if theirs.read(len(data)) != data:
+                return False
+        return theirs.read(1) == b""

@@ -21,7 +21,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from ..aoti.vec_isa import compiler_identity
+from ..pipeline.vec_isa import compiler_identity
 from ..errors import ToolchainError
 from ..pipeline.paths import ToolchainPaths
 from ..pipeline.settings import Settings

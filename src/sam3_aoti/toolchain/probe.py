@@ -21,7 +21,10 @@ def main() -> None:
 
     import torch
 
+    from ..pipeline.vec_isa import skip_known_isa_check
     from ..runtime.scratch import process_folder
+
+    skip_known_isa_check()  # as the compile stage does, so the probe runs what a compile will run
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(args.device)
     x = torch.randn(2, 8, device=args.device)
