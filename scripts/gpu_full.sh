@@ -57,6 +57,8 @@
 #   kernels: no build: the fp8 run's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
 #          shapes (experiments/gelu_groups_tune.py), last, alone on the GPU (after every bench), for a run that
 #          measures other runs and cannot spare an fp8 build
+#   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
+#          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -324,8 +326,19 @@ fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experime
     step gelu-groups-tune scripts/gpu_run.sh --python experiments/gelu_groups_tune.py --out "$RESULTS/gelu-groups-tune"
 }
 
+again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fresh or segment run's package here
+    local dir package=artifacts/sam3-bf16-cuda/package/sam3.pt2
+    for dir in "$WORK/fresh" "$WORK/segment"; do [[ -f $dir/$package ]] && break; done
+    [[ -f $dir/$package ]] || { echo "again: no package here (a fresh or segment run first)" >> "$RESULTS/status"; return 1; }
+    rm -rf "${dir:?}/src" "$dir/scripts" && cp -r src scripts "$dir/"
+    cd "$dir" && build segment-throughput -s throughput $SAM3 precision=bf16
+    step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py "$package" --images 64 \
+        --out "$RESULTS/segment-actor"
+}
+
 run_all() {
     local runs=" $* " pids=()
+    [[ $runs == " again " ]] && { again_run; return 0; }
     for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
@@ -428,5 +441,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again | wait SECONDS" >&2; exit 2 ;;
 esac
