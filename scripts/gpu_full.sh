@@ -59,6 +59,9 @@
 #          measures other runs and cannot spare an fp8 build
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
+#   actors: the tiny package on CUDA, then scripts/checks/segment_actor.py (a segment actor's steps, no Ray) with
+#          this checkout's code and, when carried, .runtime-before's (`git archive REV src scripts | tar -x -C
+#          .runtime-before`), in turn, twice: the actor's own overhead, where a tiny model leaves little else
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -336,10 +339,23 @@ again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fre
         --out "$RESULTS/segment-actor"
 }
 
+actors_run() {  # the tiny package on CUDA, then a segment actor's steps without Ray, this checkout's code and the
+    # code in .runtime-before (src/ and scripts/ of another commit, when carried) in turn, twice
+    local package=artifacts/tiny-fp32-cuda/package/sam3.pt2 i
+    cd "$WORK/actors" && toolkit_for actors profile=tiny device=cuda
+    build actors-build package profile=tiny device=cuda || return 1
+    for i in 1 2; do
+        step "actor-now-$i" scripts/gpu_run.sh --python scripts/checks/segment_actor.py "$package" --images 64 \
+            --out "$RESULTS/actor-now-$i"
+        [[ -f .runtime-before/scripts/checks/segment_actor.py ]] && step "actor-before-$i" scripts/gpu_run.sh --python \
+            .runtime-before/scripts/checks/segment_actor.py "$package" --images 64 --out "$RESULTS/actor-before-$i"
+    done
+}
+
 run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -357,6 +373,7 @@ run_all() {
     [[ $runs == *" loader "* ]] && { loader_run & pids+=($!); }
     [[ $runs == *" segment "* ]] && { segment_run & pids+=($!); }
     [[ $runs == *" tiny "* ]] && { tiny_run & pids+=($!); }
+    [[ $runs == *" actors "* ]] && { actors_run & pids+=($!); }
     [[ $runs == *" compiletime "* ]] && { compiletime_run & pids+=($!); }
     [[ $runs == *" tinytuned "* ]] && { tinytuned_run & pids+=($!); }
     [[ $runs == *" o0 "* ]] && { o0_run & pids+=($!); }
@@ -441,5 +458,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again | wait SECONDS" >&2; exit 2 ;;
 esac

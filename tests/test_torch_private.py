@@ -77,3 +77,44 @@ def test_programs_written_with_the_quicker_copy_are_the_bytes_torch_writes():
     proc = subprocess.run([sys.executable, "-c", WRITE_TWICE], cwd=REPO, capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_a_cuda_runner_runs_single_threaded_one_call_at_a_time(tmp_path, monkeypatch):
+    """torch's default CUDA runner waits on the host for the last call's kernels before the next: two threads on
+    one stream (segment's actor) then wait for each other's model. Ours is loaded single-threaded and takes one
+    call at a time under its lock (here with torch's runner replaced by one that counts calls at once)."""
+    import threading
+    import time
+
+    import torch
+    from torch.utils import _pytree
+
+    from sam3_aoti.runtime import torch_private
+
+    made, running, most = [], [], []
+
+    class Runner:
+        def __init__(self, *args):
+            made.append(args)
+
+        def get_call_spec(self):
+            return "", _pytree.treespec_dumps(_pytree.tree_flatten([torch.zeros(1)])[1])
+
+        def run(self, inputs):
+            running.append(1)
+            most.append(len(running))
+            time.sleep(0.05)
+            running.pop()
+            return [inputs[0] + 1]
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelContainerRunnerCuda", Runner)
+    (tmp_path / "m.wrapper.so").write_bytes(b"")
+    runner = torch_private.AotiRunner(tmp_path, "cuda")
+    assert made[0][-1] is True  # single-threaded: no wait on the last call's event
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(runner(torch.zeros(2)))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(most) == 1 and len(results) == 4 and all(torch.equal(r[0], torch.ones(2)) for r in results)

@@ -2,7 +2,7 @@
 
 AOTInductor (torch 2.11) launches every kernel from the host on each call: about 1,800 launches at
 (B, P) = (2, 3), with the GPU idle between many of them. A replayed graph issues them all at once. The
-runner must be loaded with `run_single_threaded=True` (the default container synchronizes on events,
+runner runs single-threaded (`torch_private.AotiRunner`: torch's default container synchronizes on events,
 which a capture forbids). Graphs share one memory pool; inputs are copied into each graph's static
 buffers and outputs copied out after each replay, so a caller never sees its results overwritten by
 the next call. At most `max_graphs` shapes are kept, the least recently used dropped first. Should a

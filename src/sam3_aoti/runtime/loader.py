@@ -177,9 +177,9 @@ def device_problem(built: dict[str, dict]) -> str | None:
     return None
 
 
-def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
-    """The AOTI models, loaded with torch's model runner (those in `graphed` single-threaded, for CUDA graphs), their
-    weights read in place from the package where it records their layout (`constants`).
+def load_aoti_runners(package: Path | PackageFile) -> dict:
+    """The AOTI models, loaded with torch's model runner (`torch_private.AotiRunner`), their weights read in place
+    from the package where it records their layout (`constants`).
     torch's Python loaders (`load_pt2`, `torch._inductor.package.load_package`) first probe the CPU's vector ISA
     for a device-mismatch warning, compiling and loading test libraries in `python -c "import torch"`
     subprocesses: tens of seconds, for CUDA packages too. This takes under a second, and a failed load
@@ -188,7 +188,7 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
     code is loaded."""
     if not isinstance(package, PackageFile):
         with PackageFile(package) as opened:
-            return load_aoti_runners(opened, graphed)
+            return load_aoti_runners(opened)
     from .constants import read_constants, readable_layout
 
     built = package.built_for
@@ -205,7 +205,7 @@ def load_aoti_runners(package: Path | PackageFile, graphed: tuple = ()) -> dict:
                 weights[name] = read_constants(package, in_place, device[name])
         package.check_unchanged()  # what was unpacked and read is what was checked
         for name, folder in folders.items():  # each runner owns its folder from here
-            runners[name] = AotiRunner(folder, device[name], name in graphed, weights.get(name))
+            runners[name] = AotiRunner(folder, device[name], weights.get(name))
     except BaseException:
         for name, folder in folders.items():
             if name not in runners:
@@ -283,9 +283,8 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
         """The AOTI runners, or none and why not."""
         if not prefer_aoti:
             return {}, None
-        graphs = graphs_wanted(cuda_graphs) and package.metadata.get("device") == "cuda"
         try:
-            return load_aoti_runners(package, graphed=("model", *PART_NAMES) if graphs else ()), None
+            return load_aoti_runners(package), None
         except PackageChanged:
             raise
         except Exception as e:  # a package built for another device/ABI: use the exported programs

@@ -28,9 +28,16 @@ class AotiRunner:
     read from the blob in the folder, which is then removed: the code stays
     for the life of the runner (CUDA kernels load on first use). The runner owns the folder. Inputs are made
     contiguous: the runner reads dense row-major memory, and a permuted view (an HWC image turned CHW) would be
-    read wrongly, silently."""
+    read wrongly, silently.
 
-    def __init__(self, folder: Path, device: str = "cpu", single_threaded: bool = False, weights: dict | None = None):
+    On CUDA it runs single-threaded, one call at a time under its own lock: torch's default runner keeps one
+    model instance and, before each call, waits on the host for the last call's kernels to finish. Two threads
+    sharing a stream (segment's actor runs two batches at once) then wait for each other's whole model; a
+    `transforms` call per image waits for the other batch's model. Under a lock, a call only queues its kernels,
+    and a CUDA graph can record it."""
+
+    def __init__(self, folder: Path, device: str = "cpu", weights: dict | None = None):
+        import threading
         import weakref
 
         import torch
@@ -39,8 +46,7 @@ class AotiRunner:
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
         shared = sorted(folder.glob("*.wrapper.so")) or sorted(folder.glob("*.so"))
         if device == "cuda":
-            self.runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder),
-                                                                      single_threaded)
+            self.runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(shared[0]), 1, "cuda", str(folder), True)
         else:
             self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(shared[0]), 1)
         self.weights = weights  # the runner reads these tensors in place (user-managed): they live as long as it
@@ -50,11 +56,15 @@ class AotiRunner:
             self.runner.update_constant_buffer_from_blob(str(blob))
             blob.unlink()  # read into the runner's constants: a second copy on disk helps no one
         self.out_spec = _pytree.treespec_loads(self.runner.get_call_spec()[1])
+        self._lock = threading.Lock()
 
     def __call__(self, *args):
         from torch.utils import _pytree
 
-        return _pytree.tree_unflatten(self.runner.run([a.contiguous() for a in args]), self.out_spec)
+        inputs = [a.contiguous() for a in args]
+        with self._lock:
+            outputs = self.runner.run(inputs)
+        return _pytree.tree_unflatten(outputs, self.out_spec)
 
     def read_weights_of(self, other: "AotiRunner") -> None:
         """Point this model's constants at `other`'s tensors of the same names, uncopied (user-managed): a part
