@@ -1,10 +1,10 @@
 """Where a `segment` actor's time goes, without Ray: the package loaded as an actor loads it, a collection like
 `doit throughput`'s decoded as the CPU tasks decode it (Arrow batches, as Ray hands them on), then each batch
-through `Segmenter`: as it runs (the ms per image an actor can reach), with two calls at once (as segment's pool
-runs an actor), and with its steps timed apart (the device synchronized around each): pixels to the device, the
-model, the masks (select, resize, threshold, pack into bits, one copy back), and the rest (transforms, the Arrow
-table, the call's own Python). Then the CPU stage after the actor (`encode_masks`: bits to COCO counts) on one
-core. Writes segment-actor.json and prints a table.
+through `Segmenter`: as it runs (the ms per image an actor can reach), with two calls at once (how segment's pool
+ran an actor until this measured one at a time faster), and with its steps timed apart (the device synchronized
+around each): pixels to the device, the model, the masks (select, resize, threshold, pack into bits, one copy
+back), and the rest (transforms, the Arrow table, the call's own Python). Then the CPU stage after the actor
+(`encode_masks`: bits to COCO counts) on one core. Writes segment-actor.json and prints a table.
 
 Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
 """
@@ -78,7 +78,7 @@ def main() -> None:
     t0 = time.perf_counter()
     found = [segmenter(b) for b in batches]
     as_run = (time.perf_counter() - t0) / len(sources)
-    with ThreadPoolExecutor(2) as calls:  # as segment's pool runs an actor: two calls at once
+    with ThreadPoolExecutor(2) as calls:  # two calls at once, as segment's pool ran an actor before
         t0 = time.perf_counter()
         list(calls.map(segmenter, batches))
         two_at_once = (time.perf_counter() - t0) / len(sources)

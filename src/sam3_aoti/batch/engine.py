@@ -255,9 +255,11 @@ def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors
     actors = actors or (gpus if device == "cuda" else 1)
     say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s), {int(resources.get('CPU', 0))} "
         f"CPUs for decoding, batches of {batch_size}")
-    # On a GPU, batches queue at each actor and the next one is batched while the model runs (Ray's pattern for
-    # batch inference; the model itself runs one batch at a time).
-    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
+    # On a GPU, batches queue at each actor (their pixels are there when the model is free: Ray's pattern for batch
+    # inference), and the actor takes one call at a time: two at once shared one interpreter's lock and ran slower
+    # per image than one (21.2 against 18.5 ms at full size, 6.5-7.3 against 2.9-4.0 ms on the tiny model:
+    # benchmarks/h100-2026-12-05-actors/, scripts/checks/segment_actor.py).
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=1) \
         if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
     found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
                                 compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
