@@ -58,12 +58,17 @@ def build_root() -> Path:
 _BUILDING: list = []  # the doit processes this process's background builds run, killed if it exits first
 
 
-def _build_into(done: Path, *args: str) -> None:
-    """`doit ARGS` in a fresh copy of the checkout, renamed to `done` once it succeeded."""
+def _build_into(done: Path, *args: str, edits: tuple = ()) -> None:
+    """`doit ARGS` in a fresh copy of the checkout (its pipeline.toml with each (old, new) of `edits` replaced
+    once), renamed to `done` once it succeeded."""
     scratch = done.with_name(f".{done.name}.building")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    proc = start_doit(copy_repo(scratch), *args)
+    config = copy_repo(scratch) / "pipeline.toml"
+    for old, new in edits:
+        assert old in config.read_text(), old
+        config.write_text(config.read_text().replace(old, new, 1))
+    proc = start_doit(scratch, *args)
     _BUILDING.append(proc)
     output, _ = proc.communicate()
     _BUILDING.remove(proc)
@@ -113,7 +118,7 @@ def start_build(done: Path, *args: str) -> bool:
     return True
 
 
-def wait_for_build(done: Path, *args: str) -> Path:
+def wait_for_build(done: Path, *args: str, edits: tuple = ()) -> Path:
     """`done`, built: waits for whoever is building it (the lock), and builds it here if nobody has."""
     import fcntl
 
@@ -121,7 +126,7 @@ def wait_for_build(done: Path, *args: str) -> Path:
     with open(done.with_name(f"{done.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.is_dir():
-            _build_into(done, *args)
+            _build_into(done, *args, edits=edits)
     return done
 
 

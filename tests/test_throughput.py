@@ -41,3 +41,18 @@ def test_copies_are_more_names_for_the_same_photographs(tmp_path):
     first, twin = folder / "00000.jpg", folder / "00000-1.jpg"
     assert twin.read_bytes() == first.read_bytes() and twin.stat().st_ino == first.stat().st_ino  # no second write
     assert made["large"] == 3 * len(range(0, 5, LARGE_EVERY))
+
+
+def test_writer_processes_write_the_collection_one_process_writes(tmp_path, monkeypatch):
+    """Each photograph's size, crop and mirror are drawn in order before any is written, so the files are the same
+    bytes whichever process writes which (here 3 processes against 1)."""
+    from sam3_aoti.measure import collection
+
+    monkeypatch.setattr(collection, "PER_WORKER", 4)
+    monkeypatch.setattr(collection.os, "cpu_count", lambda: 3)
+    several = write_collection(tmp_path / "several", 12, 40, 300, 0)
+    monkeypatch.setattr(collection, "PER_WORKER", 10**6)
+    one = write_collection(tmp_path / "one", 12, 40, 300, 0)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert several == one and names == sorted(p.name for p in (tmp_path / "several").iterdir())
+    assert all((tmp_path / "one" / n).read_bytes() == (tmp_path / "several" / n).read_bytes() for n in names)
