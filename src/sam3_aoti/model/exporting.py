@@ -166,16 +166,15 @@ def save_programs(programs: dict, path) -> None:
     from torch.export.pt2_archive._package import _package_exported_programs
     from torch.fx import GraphModule
 
-    from ..runtime.torch_private import quicker_program_writes
+    from ..runtime.torch_private import writes_without_self_check
 
-    quicker_program_writes()
     for program in programs.values():
         for module in program.graph_module.modules():
             if isinstance(module, GraphModule):
                 for node in module.graph.nodes:
                     node.meta.pop("stack_trace", None)
                     node.meta.pop("from_node", None)
-    with shared_tensor_writer(str(path)) as writer:
+    with shared_tensor_writer(str(path)) as writer, writes_without_self_check():
         _package_exported_programs(writer, programs)
 
 
