@@ -140,7 +140,7 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         todo = [s for s in sources if s not in out.done]
         say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
             f"{len(todo)} to segment")
-        ran = {"actors": 0, "first_at": None, "after_first": 0}
+        ran = {"actors": 0, "first_at": None, "after_first": 0, "ray_at": None, "ray_up_at": None}
         if todo:
             ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
                 package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
@@ -151,9 +151,14 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
     seconds = time.perf_counter() - t0
     first = ran["first_at"] - t0 if ran["first_at"] else None
     running = seconds - first if first is not None else None  # from the first results on: Ray up, packages loaded
+    startup = None  # where the time until the first results went
+    if first is not None:
+        startup = {"listing_and_checks_s": round(ran["ray_at"] - t0, 2),
+                   "ray_start_s": round(ran["ray_up_at"] - ran["ray_at"], 2),
+                   "actors_and_first_batch_s": round(ran["first_at"] - ran["ray_up_at"], 2)}
     summary = {"run": out.run, "images": len(sources), "segmented": out.written, "failed": out.failed,
                "skipped": len(sources) - len(todo), "actors": ran["actors"], "seconds": round(seconds, 2),
-               "first_result_s": round(first, 2) if first is not None else None,
+               "first_result_s": round(first, 2) if first is not None else None, "startup": startup,
                "images_per_second": round(out.written / seconds, 3) if seconds else None,
                "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None}
     say(f"{out.written} segmented, {out.failed} could not be read (see {Path(output) / 'errors'}), "
@@ -173,8 +178,10 @@ def error_rows(problems: list):
 
 def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, actors: int | None, batch_size: int,
                 segmenter: dict) -> dict:
-    """The run through Ray Data, its results into `out`; returns how many model actors ran, when the first
-    results came (`first_at`, perf_counter) and how many images came after them."""
+    """The run through Ray Data, its results into `out`; returns how many model actors ran, when Ray was asked for
+    and was up (`ray_at`, `ray_up_at`), when the first results came (`first_at`; perf_counter, all) and how many
+    images came after them."""
+    ray_at = time.perf_counter()
     import ray
 
     started_here = not ray.is_initialized()
@@ -184,8 +191,10 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
         except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
             raise ConfigError(f"cannot start or reach Ray{f' at {ray_address}' if ray_address else ''} "
                               f"({first_line(e)})") from None
+    ray_up_at = time.perf_counter()
     with stopped_by_signals(ray if started_here else None):
-        return _run_with_ray(ray, todo, out, device, actors, batch_size, segmenter)
+        ran = _run_with_ray(ray, todo, out, device, actors, batch_size, segmenter)
+    return {**ran, "ray_at": ray_at, "ray_up_at": ray_up_at}
 
 
 @contextlib.contextmanager

@@ -97,7 +97,7 @@ def run(settings: Settings) -> None:
         "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")}, "large_width": opts["large_width"],
         "files_written": opts["images"], "copies": copies,
         "prompt": opts["prompt"], "batch_size": opts["batch_size"], "actors": summary["actors"],
-        "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"],
+        "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"], "startup": summary["startup"],
         "images_per_second": summary["images_per_second"], "steady_images_per_second": summary["steady_images_per_second"],
         "bench_16x1_images_per_second": reference, "bench_column": column,
         "share_of_bench": round(summary["steady_images_per_second"] / reference, 3) if reference else None,
@@ -121,7 +121,9 @@ def run(settings: Settings) -> None:
              f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
              f"{data['actors']} model actor(s); reading, decoding, upsampling, run-length encoding and Parquet "
              "included. 'Running' leaves out Ray's start and the package's load (until the first results); the "
-             f"GPU's busy share is nvidia-smi's utilization over the same span. Bench column: {dash(column)}."]
+             f"GPU's busy share is nvidia-smi's utilization over the same span. Bench column: {dash(column)}.",
+             "Start-up, s: " + (", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v}"
+                                          for k, v in data["startup"].items()) if data["startup"] else "-") + "."]
     report = Report(f"Throughput of segment ({settings.profile}, {settings.precision}, {settings.device})", notes,
                     None, [table], data=data)
     write_report(report, paths.throughput_json, paths.throughput_md)
