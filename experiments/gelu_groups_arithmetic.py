@@ -11,7 +11,6 @@ Usage: python3 experiments/gelu_groups_arithmetic.py --out DIR   (on a CUDA GPU;
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,8 +24,7 @@ import triton.language as tl  # noqa: E402
 
 from sam3_aoti.measure.timing import time_calls  # noqa: E402
 from sam3_aoti.runtime import gelu_groups  # noqa: E402
-
-HIDDEN, TOKENS_PER_IMAGE = 4736, 72 * 72
+from gelu_groups_tune import HIDDEN, kernel_inputs  # noqa: E402  (this folder's: the same inputs)
 DIVISIONS = {"IEEE division per value": 0, "reciprocal per row, product per value": 1, "fast division": 2}
 
 
@@ -69,16 +67,8 @@ def launch(x, bias, gelu: bool, division: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--images", type=int, default=16)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tokens = args.images * TOKENS_PER_IMAGE
-    torch.manual_seed(0)
-    x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
-    moved = tokens * HIDDEN * (2 + 1) + tokens * (HIDDEN // 128) * 4
+    args, x, bias, moved = kernel_inputs(__doc__.splitlines()[0])
+    tokens = x.shape[0]
     today = gelu_groups.launch_gelu_groups(x, bias)
 
     def ms_of(fn) -> float:

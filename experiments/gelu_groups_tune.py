@@ -26,8 +26,10 @@ from sam3_aoti.runtime import gelu_groups  # noqa: E402
 HIDDEN, TOKENS_PER_IMAGE = 4736, 72 * 72
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def kernel_inputs(description: str):
+    """The command line (--out DIR, --images N) and the kernel's inputs for N images' tokens: (args, x, bias, the
+    bytes the kernel must move)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--images", type=int, default=16)
     args = parser.parse_args()
@@ -37,6 +39,12 @@ def main() -> None:
     x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
     moved = tokens * HIDDEN * (2 + 1) + tokens * (HIDDEN // 128) * 4  # bf16 in, e4m3 out, fp32 scales out
+    return args, x, bias, moved
+
+
+def main() -> None:
+    args, x, bias, moved = kernel_inputs(__doc__.splitlines()[0])
+    tokens = x.shape[0]
     default = dict(rows=gelu_groups.ROWS, num_warps=gelu_groups.NUM_WARPS, groups_first=gelu_groups.GROUPS_FIRST)
     want = gelu_groups.launch_gelu_groups(x, bias, **default)
     # a copy of the same bytes, the rate this card's memory gives a plain read-and-write
