@@ -33,10 +33,9 @@ class AotiRunner:
     read wrongly, silently.
 
     On CUDA it runs single-threaded, one call at a time under its own lock: torch's default runner keeps one
-    model instance and, before each call, waits on the host for the last call's kernels to finish. Two threads
-    sharing a stream (segment's actor runs two batches at once) then wait for each other's whole model; a
-    `transforms` call per image waits for the other batch's model. Under a lock, a call only queues its kernels,
-    and a CUDA graph can record it."""
+    model instance and, before each call, waits on the host for the last call's kernels to finish (a
+    `transforms` call per image waited for the image before; two threads on one stream, for each other's whole
+    model). Under the lock a call only queues its kernels, and a CUDA graph can record it."""
 
     def __init__(self, folder: Path, device: str = "cpu", weights: dict | None = None):
         import threading
