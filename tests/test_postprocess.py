@@ -58,6 +58,38 @@ def test_pixels_become_floats_on_the_device_unchanged():
     assert torch.equal(tensor, torch.from_numpy(image).permute(2, 0, 1)[None].float())
 
 
+def images_of_sizes(*sizes):
+    rng = np.random.default_rng(0)
+    return [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+
+
+def test_images_of_one_size_are_transformed_in_one_call_each_as_alone():
+    """Tiles of one size go to the device and through `transforms` together; each comes back where it was, as its
+    own call gives it."""
+    calls = []
+
+    def transforms(batch):  # image by image, as the package's: resize and normalize
+        calls.append(tuple(batch.shape))
+        return F.interpolate(batch, size=(16, 16), mode="bilinear") / 127.5 - 1
+
+    images = images_of_sizes((20, 30), (9, 12), (20, 30), (20, 30), (9, 12))
+    got = postprocess.transformed(transforms, images)
+    assert calls == [(3, 3, 20, 30), (2, 3, 9, 12)]
+    want = torch.cat([transforms(to_tensor(image)) for image in images])
+    assert torch.equal(got, want)
+
+
+def test_the_packages_transforms_of_a_batch_of_one_size_are_each_images_own(package_path):
+    from sam3_aoti.runtime.loader import load_package
+
+    package = load_package(package_path)
+    images = images_of_sizes((97, 150), (97, 150), (40, 31), (97, 150))
+    with torch.inference_mode():
+        got = postprocess.transformed(package.transforms, images)
+        want = torch.cat([package.transforms(to_tensor(image)) for image in images])
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("threshold, sizes, dtype", [
     (0.2, [(97, 150), (40, 31), (8, 9)], torch.float32),
     (0.1, [(33, 20), (64, 64)], torch.bfloat16),

@@ -2,9 +2,10 @@
 `doit throughput`'s decoded as the CPU tasks decode it (Arrow batches, as Ray hands them on), then each batch
 through `Segmenter`: as it runs (the ms per image an actor can reach), with two calls at once (how segment's pool
 ran an actor until this measured one at a time faster), and with its steps timed apart (the device synchronized
-around each): pixels to the device, the model, the masks (select, resize, threshold, pack into bits, one copy
-back), and the rest (transforms, the Arrow table, the call's own Python). Then the CPU stage after the actor
-(`encode_masks`: bits to COCO counts) on one core. Writes segment-actor.json and prints a table.
+around each): pixels to the device and through `transforms` (one call per size), the model, the masks (select,
+resize, threshold, pack into bits, one copy back), and the rest (the Arrow table, the call's own Python). Then
+the CPU stage after the actor (`encode_masks`: bits to COCO counts) on one core. Writes segment-actor.json and
+prints a table.
 
 Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
 """
@@ -45,7 +46,8 @@ def timed_steps(device: str, totals: dict):
         setattr(owner, name, timed)
         return lambda: setattr(owner, name, original)
 
-    return [wrap(postprocess, "to_tensor", "pixels to the device"), wrap(inference, "run_prompts", "model"),
+    return [wrap(postprocess, "transformed", "pixels to the device and transformed"),
+            wrap(inference, "run_prompts", "model"),
             wrap(postprocess, "batch_instances", "masks (select, resize, threshold, pack, one copy back)")]
 
 
@@ -96,7 +98,7 @@ def main() -> None:
         for undo in restore:
             undo()
     steps = {name: round(seconds / len(sources) * 1e3, 2) for name, seconds in totals.items()}
-    steps["the rest (transforms, the Arrow table, the call's own Python)"] = round(stepped * 1e3 - sum(steps.values()), 2)
+    steps["the rest (the Arrow table, the call's own Python)"] = round(stepped * 1e3 - sum(steps.values()), 2)
     result = {"package": str(args.package), "images": len(sources), "batch": args.batch, "prompt": args.prompt,
               "instances": instances, "decode_ms_per_image_one_core": round(decode_s / len(sources) * 1e3, 1),
               "load_s": round(load_s, 2), "ms_per_image": round(as_run * 1e3, 2),

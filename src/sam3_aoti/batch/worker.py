@@ -152,7 +152,7 @@ class Segmenter:
         import torch
 
         from ..runtime.inference import run_prompts
-        from ..runtime.postprocess import batch_instances, to_tensor
+        from ..runtime.postprocess import batch_instances, transformed
 
         t0 = time.perf_counter()
         sources, widths, heights, errors, pixel_bytes = columns_of(batch)
@@ -163,8 +163,8 @@ class Segmenter:
             with torch.inference_mode(), warnings.catch_warnings():
                 # the decoded bytes, read in place (never written: they are copied to the device, or into floats)
                 warnings.filterwarnings("ignore", "The given buffer is not writable")
-                pixels = torch.cat([self.package.transforms(to_tensor(
-                    pixels_in_place(pixel_bytes[i], *sizes[i]), self.device)) for i in good])
+                pixels = transformed(self.package.transforms, [pixels_in_place(pixel_bytes[i], *sizes[i])
+                                                               for i in good], self.device)
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
                 kept = batch_instances(outputs, self.prompts, [sizes[i] for i in good], self.threshold)
             for i, image in zip(good, kept):

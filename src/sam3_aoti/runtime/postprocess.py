@@ -182,6 +182,28 @@ def to_tensor(image, device="cpu") -> torch.Tensor:
     return to_device(pixels, device).permute(2, 0, 1)[None].float().contiguous()
 
 
+def transformed(transforms, images: list, device="cpu") -> torch.Tensor:
+    """`[N, 3, S, S]`: `transforms` (the package's) of each HxWx3 uint8 tensor of `images`, in their order, with
+    one copy to the device and one call per size: a batch of tiles of one size is one call, not one per tile.
+    Each image's result is the one it gets alone (the transforms work image by image)."""
+    by_size: dict[tuple, list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault(tuple(image.shape), []).append(index)
+    results: list = [None] * len(images)
+    for size, indices in by_size.items():
+        if torch.device(device).type == "cuda":  # one pinned block, one copy (`to_device`)
+            stacked = torch.empty((len(indices), *size), dtype=torch.uint8, pin_memory=True)
+            for row, index in enumerate(indices):
+                stacked[row].copy_(images[index])
+            on_device = stacked.to(device, non_blocking=True)
+        else:
+            on_device = torch.stack([images[index] for index in indices]).to(device)
+        out = transforms(on_device.permute(0, 3, 1, 2).float().contiguous())
+        for row, index in enumerate(indices):
+            results[index] = out[row:row + 1]
+    return torch.cat(results)
+
+
 def scores(outputs) -> torch.Tensor:
     """[N, Q] detection scores: sigmoid(logit) * sigmoid(presence)."""
     logits, _, _, presence = outputs
