@@ -199,3 +199,25 @@ def test_pixels_reach_the_gpu_and_results_come_back_unchanged_through_pinned_mem
     for _ in range(3):
         for tensor, array in zip(tensors, to_host(*(t.clone() for t in tensors))):
             assert np.array_equal(array, tensor.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_images_of_one_size_reach_the_gpu_in_one_copy_and_come_back_as_each_images_own():
+    """`postprocess.transformed` on CUDA (one pinned block and one copy per size, from read-only buffers as Ray's
+    object store hands them) gives what each image's own `to_tensor` and call give."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from sam3_aoti.runtime.postprocess import to_tensor, transformed
+
+    def transforms(batch):
+        return F.interpolate(batch, size=(64, 64), mode="bilinear", antialias=True) / 127.5 - 1
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, s, dtype=np.uint8) for s in [(300, 400, 3), (50, 60, 3), (300, 400, 3)] * 2]
+    images = [torch.frombuffer(memoryview(a.tobytes()), dtype=torch.uint8).view(a.shape) for a in arrays]
+    want = torch.cat([transforms(to_tensor(a, "cuda")) for a in arrays])
+    for _ in range(3):  # pinned blocks reused once their copies are done
+        got = transformed(transforms, images, "cuda")
+        assert got.is_cuda and torch.equal(got, want)
