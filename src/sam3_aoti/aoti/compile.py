@@ -81,13 +81,26 @@ def aoti_compile(program, options: dict, sdpa_backends: list[str] | None = None)
     return Compiled(files, round(time.perf_counter() - t0, 1), _phases(compilation_time_metrics))
 
 
-def program_names(archive: Path) -> list[str]:
-    """The exported programs' names in the archive, from its listing alone."""
+def program_sizes(archive: Path) -> dict[str, int]:
+    """Each exported program's name in the archive and the bytes of its serialized graph, from the listing alone."""
     import zipfile
 
     with zipfile.ZipFile(archive) as zf:
-        return [inner.removeprefix("models/").removesuffix(".json") for inner in archive_entries(zf)
-                if inner.startswith("models/") and inner.endswith(".json")]
+        return {inner.removeprefix("models/").removesuffix(".json"): zf.getinfo(name).file_size
+                for inner, name in archive_entries(zf).items() if inner.startswith("models/") and inner.endswith(".json")}
+
+
+def program_names(archive: Path) -> list[str]:
+    """The exported programs' names in the archive, from its listing alone."""
+    return list(program_sizes(archive))
+
+
+def submission_order(names: list[str], sizes: dict[str, int]) -> list[str]:
+    """The order compile workers take the programs in: `model` first (the longest compile), then the largest
+    graphs first, so that no long compile starts last while the other workers idle (in the listing's order the
+    tiny build's decode, its second longest, started last on 2 cores)."""
+    rest = sorted((n for n in names if n != "model"), key=lambda n: -sizes.get(n, 0))
+    return ["model", *rest] if "model" in names else rest
 
 
 def compiled_names(programs) -> list[str]:

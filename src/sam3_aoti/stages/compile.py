@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..aoti.compile import compile_program, compiled_names, platform_info, program_names
+from ..aoti.compile import compile_program, compiled_names, platform_info, program_sizes, submission_order
 from ..pipeline.artifacts import check_free_space, record
 from ..pipeline.paths import ProfilePaths, ToolchainPaths, portable
 from ..pipeline.settings import Settings
@@ -109,14 +109,15 @@ def run(settings: Settings) -> None:
         before = count_decisions(cache)
         log.info("tuned compile: %d tuning files from %s (%d GEMM layouts, %d kernel configs)", seeded,
                  paths.tuning, tuned["gemm_layouts"], tuned["kernel_configs"])
-    names = compiled_names(program_names(paths.exported))
+    sizes = program_sizes(paths.exported)
+    names = compiled_names(list(sizes))
     workers = compile_workers(len(names), weights, settings.device)  # a worker holds at most the whole archive
     pool = ProcessPoolExecutor(workers, get_context("spawn"), initializer=die_with, initargs=(os.getpid(),))
     with atomic_output(paths.compiled) as tmp, stopping_kills_workers(pool):
         log.info("AOTInductor compiling %s on %s, %d at a time (this is the slow part)", ", ".join(names),
                  settings.device, workers)
         jobs = {pool.submit(compile_program, str(paths.exported), name, inductor, sdpa_backends, str(tmp / name)): name
-                for name in names}
+                for name in submission_order(names, sizes)}
         index = {"program_sha256": digest["sha256"], "inductor_options": inductor, "sdpa_backends": sdpa_backends,
                  "platform": platform_info(settings.device), "models": {}, "compile_seconds": {},
                  "compile_phases": {},
