@@ -3,6 +3,7 @@ scripts/checks/segment_actor.py): mixed sizes, some very large, PNGs beside JPEG
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -15,8 +16,9 @@ LARGE_EVERY, PNG_EVERY = 8, 3  # every 8th photograph large_width px wide, every
 PER_WORKER = 32  # photographs a writer process takes on at least (a process costs its imports, about a second)
 
 
+@functools.cache
 def _source(index: int):
-    """The photograph `PHOTOS[index]` as an RGB PIL image."""
+    """The photograph `PHOTOS[index]` as an RGB PIL image, read once per process (it is resized into a new one)."""
     import skimage.data
     from PIL import Image
 
