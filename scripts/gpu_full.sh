@@ -322,11 +322,14 @@ tinytuned_run() {
         -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
 }
 
-fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experiments/vit_mlp_fp8.py)
+fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experiments/vit_mlp_fp8.py) and the GELU
+    # group kernel's launch shapes and arithmetic
     step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
-        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory"
+        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory or one_copy"
     step vit-mlp-fp8 scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8"
     step gelu-groups-tune scripts/gpu_run.sh --python experiments/gelu_groups_tune.py --out "$RESULTS/gelu-groups-tune"
+    step gelu-groups-arithmetic scripts/gpu_run.sh --python experiments/gelu_groups_arithmetic.py \
+        --out "$RESULTS/gelu-groups-arithmetic"
 }
 
 again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fresh or segment run's package here
