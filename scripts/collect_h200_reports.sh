@@ -41,6 +41,9 @@ for run in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  # 
     copy "$variant/logs/throughput.log" "throughput-$run.log"
 done
 copy logs/segment-bench.log segment-bench.log
+copy ceiling/tiny-fp32-cuda/throughput/throughput.md throughput-ceiling.md
+copy ceiling/tiny-fp32-cuda/throughput/throughput.json throughput-ceiling.json
+copy logs/ceiling-throughput.log ceiling-throughput.log
 copy logs/segment-throughput.log segment-throughput.log
 copy logs/segment-actor/segment-actor.json segment-actor.json
 copy logs/segment-actor.log segment-actor.log

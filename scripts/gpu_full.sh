@@ -62,6 +62,9 @@
 #   actors: the tiny package on CUDA, then scripts/checks/segment_actor.py (a segment actor's steps, no Ray) with
 #          this checkout's code and, when carried, .runtime-before's (`git archive REV src scripts | tar -x -C
 #          .runtime-before`), in turn, twice: the actor's own overhead, where a tiny model leaves little else
+#   ceiling: the tiny package on CUDA (built beside the other runs), then, after segment's figures and alone,
+#          `doit throughput` with it: segment's Ray pipeline with a model of about 0.1 ms an image, the most images/s
+#          the pipeline itself delivers on this machine. `start again ceiling` runs both again with this checkout's code
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -342,6 +345,12 @@ again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fre
         --out "$RESULTS/segment-actor"
 }
 
+ceiling_again() {  # this checkout's src/ over an earlier ceiling run's tiny package here, its throughput again
+    [[ -f $WORK/ceiling/artifacts/tiny-fp32-cuda/package/sam3.pt2 ]] || return 1
+    rm -rf "$WORK/ceiling/src" && cp -r src "$WORK/ceiling/" && (cd "$WORK/ceiling" && build ceiling-throughput -s \
+        throughput profile=tiny device=cuda)
+}
+
 actors_run() {  # the tiny package on CUDA, then a segment actor's steps without Ray, this checkout's code and the
     # code in .runtime-before (src/ and scripts/ of another commit, when carried) in turn, twice
     local package=artifacts/tiny-fp32-cuda/package/sam3.pt2 i
@@ -355,10 +364,21 @@ actors_run() {  # the tiny package on CUDA, then a segment actor's steps without
     done
 }
 
+ceiling_build() {  # the tiny package on CUDA, for ceiling_throughput
+    cd "$WORK/ceiling" && toolkit_for ceiling profile=tiny device=cuda
+    build ceiling-build package profile=tiny device=cuda
+}
+
+ceiling_throughput() {  # segment's own ceiling: its Ray pipeline over the throughput collection with a model that
+    # leaves the GPU all but idle (the tiny package: about 0.1 ms an image), alone on the machine
+    (cd "$WORK/ceiling" && build ceiling-throughput throughput profile=tiny device=cuda)
+}
+
 run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -377,6 +397,7 @@ run_all() {
     [[ $runs == *" segment "* ]] && { segment_run & pids+=($!); }
     [[ $runs == *" tiny "* ]] && { tiny_run & pids+=($!); }
     [[ $runs == *" actors "* ]] && { actors_run & pids+=($!); }
+    [[ $runs == *" ceiling "* ]] && { ceiling_build & pids+=($!); }
     [[ $runs == *" compiletime "* ]] && { compiletime_run & pids+=($!); }
     [[ $runs == *" tinytuned "* ]] && { tinytuned_run & pids+=($!); }
     [[ $runs == *" o0 "* ]] && { o0_run & pids+=($!); }
@@ -411,6 +432,7 @@ run_all() {
         build segment-throughput throughput $SAM3 precision=bf16;
         step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
+    [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)
@@ -461,5 +483,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -152,6 +152,7 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     assert list(startup) == ["listing_and_checks_s", "ray_start_s", "actors_and_first_batch_s"], startup
     assert min(startup.values()) >= 0 and startup["ray_start_s"] > 0
     assert abs(sum(startup.values()) - summary["first_result_s"]) <= 0.05, summary
+    assert summary["actor_busy_share"] > 0, summary  # the actor's calls over the span after the first results
     found = by_image(rows(out))
     assert set(found) <= set(reference) and sorted(committed_sources(out)) == sorted(
         str(photos / name) for name in reference)

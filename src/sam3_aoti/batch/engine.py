@@ -140,7 +140,8 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         todo = [s for s in sources if s not in out.done]
         say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
             f"{len(todo)} to segment")
-        ran = {"actors": 0, "first_at": None, "after_first": 0, "ray_at": None, "ray_up_at": None}
+        ran = {"actors": 0, "first_at": None, "after_first": 0, "busy_after_first": 0.0, "ray_at": None,
+               "ray_up_at": None}
         if todo:
             ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
                 package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
@@ -160,7 +161,11 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
                "skipped": len(sources) - len(todo), "actors": ran["actors"], "seconds": round(seconds, 2),
                "first_result_s": round(first, 2) if first is not None else None, "startup": startup,
                "images_per_second": round(out.written / seconds, 3) if seconds else None,
-               "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None}
+               "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None,
+               # the share of the running span the model actors spent inside their calls (the rest they waited
+               # for batches, or for Ray to take their results): what the GPU could not be given
+               "actor_busy_share": round(ran["busy_after_first"] / (running * ran["actors"]), 3)
+               if running and ran["actors"] else None}
     say(f"{out.written} segmented, {out.failed} could not be read (see {Path(output) / 'errors'}), "
         f"{summary['skipped']} done before, in {seconds:.1f} s")
     return summary
@@ -228,13 +233,14 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
     segmented, actors = on_model_actors(ray, decoded, Segmenter, segmenter, device, actors, batch_size)
     # the masks' bits into COCO counts in CPU tasks: the model actor's CPU does nothing its GPU waits on
     found = segmented.map_batches(encode_masks, batch_size=None, batch_format="pyarrow", num_cpus=1)
-    t0, last, first, after_first = time.perf_counter(), 0.0, None, 0
+    t0, last, first, after_first, busy = time.perf_counter(), 0.0, None, 0, 0.0
     try:
         for table in found.iter_batches(batch_format="pyarrow", batch_size=None):
             if first is None:
                 first = time.perf_counter()
             else:
                 after_first += table.num_rows
+                busy += sum(table.column("seconds").to_pylist())  # each image's share of its call
             out.add(table)
             if time.perf_counter() - last > 10:
                 last = time.perf_counter()
@@ -248,7 +254,7 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
         out.flush()  # what came back is committed: the next run goes on from there
         raise worker_error(e) from None
     out.flush()
-    return {"actors": actors, "first_at": first, "after_first": after_first}
+    return {"actors": actors, "first_at": first, "after_first": after_first, "busy_after_first": busy}
 
 
 def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors: int | None, batch_size: int):
