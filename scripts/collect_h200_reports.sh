@@ -44,6 +44,7 @@ copy logs/segment-bench.log segment-bench.log
 copy ceiling/tiny-fp32-cuda/throughput/throughput.md throughput-ceiling.md
 copy ceiling/tiny-fp32-cuda/throughput/throughput.json throughput-ceiling.json
 copy logs/ceiling-throughput.log ceiling-throughput.log
+copy logs/ceiling-gpu-test.log ceiling-gpu-test.log
 copy logs/segment-throughput.log segment-throughput.log
 copy logs/segment-actor/segment-actor.json segment-actor.json
 copy logs/segment-actor.log segment-actor.log

@@ -64,7 +64,8 @@
 #          .runtime-before`), in turn, twice: the actor's own overhead, where a tiny model leaves little else
 #   ceiling: the tiny package on CUDA (built beside the other runs), then, after segment's figures and alone,
 #          `doit throughput` with it: segment's Ray pipeline with a model of about 0.1 ms an image, the most images/s
-#          the pipeline itself delivers on this machine. `start again ceiling` runs both again with this checkout's code
+#          the pipeline itself delivers on this machine; then the GPU test of segment's overlapping calls on that
+#          package. `start again ceiling` runs both again with this checkout's code
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -371,7 +372,8 @@ ceiling_build() {  # the tiny package on CUDA, for ceiling_throughput
 
 ceiling_throughput() {  # segment's own ceiling: its Ray pipeline over the throughput collection with a model that
     # leaves the GPU all but idle (the tiny package: about 0.1 ms an image), alone on the machine
-    (cd "$WORK/ceiling" && build ceiling-throughput throughput profile=tiny device=cuda)
+    (cd "$WORK/ceiling" && build ceiling-throughput throughput profile=tiny device=cuda &&
+        step ceiling-gpu-test scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k overlapping)
 }
 
 run_all() {

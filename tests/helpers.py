@@ -273,3 +273,30 @@ class S3Server:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+def overlapping_calls_give_each_batchs_rows(package: str, prompts: list, threshold: float, batches: list):
+    """Asserts that `OverlappingSegmenter`'s calls, two under way at once on one event loop as a GPU actor of segment
+    runs them, give each batch the rows `Segmenter` gives it alone (all but `seconds`, the call's own time)."""
+    import asyncio
+
+    from sam3_aoti.batch import Segmenter
+    from sam3_aoti.batch.worker import OverlappingSegmenter
+
+    alone = Segmenter(package, prompts, threshold)
+    overlapping = OverlappingSegmenter(package, prompts, threshold)
+
+    async def both():
+        gate = asyncio.Semaphore(2)
+
+        async def one(batch):
+            async with gate:
+                return [table async for table in overlapping(batch)]
+
+        return await asyncio.gather(*(one(b) for b in batches * 2))
+
+    results = asyncio.run(both())
+    assert [len(r) for r in results] == [1] * len(batches) * 2  # one table per call
+    for batch, (got,) in zip(batches * 2, results):
+        want = alone(batch)
+        assert got.drop_columns(["seconds"]).equals(want.drop_columns(["seconds"])), batch.column("source")

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from helpers import REPO, TINY_MODELS, copy_repo, executed, run_doit, stale
+from helpers import (REPO, TINY_MODELS, copy_repo, executed, overlapping_calls_give_each_batchs_rows, run_doit,
+                     stale)
 from sam3_aoti.toolchain.cuda_toolkit import load_pins
 
 # `SAM3_AOTI_TEST_TOOLKIT=machine` builds the tuned chain with the machine's toolkit (a GPU box without PyPI)
@@ -221,3 +222,20 @@ def test_images_of_one_size_reach_the_gpu_in_one_copy_and_come_back_as_each_imag
     for _ in range(3):  # pinned blocks reused once their copies are done
         got = transformed(transforms, images, "cuda")
         assert got.is_cuda and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_overlapping_segment_calls_on_cuda_give_each_batchs_own_rows(tmp_path):
+    """A GPU actor's calls overlap (the next batch's model queued behind this one's, the masks on a stream of their
+    own, the outputs of one CUDA graph per shape): each batch still gets the rows it gets alone. On this checkout's
+    tiny CUDA build (`doit device=cuda`), where one exists."""
+    from sam3_aoti.batch import decode_batch
+    from sam3_aoti.measure.collection import write_collection
+
+    path = REPO / "artifacts" / "tiny-fp32-cuda" / "package" / "sam3.pt2"
+    if not path.is_file():
+        pytest.skip("no tiny CUDA build in this checkout: run `uv run doit device=cuda`")
+    write_collection(tmp_path, 12, 256, 900, 0)
+    decoded = decode_batch({"source": sorted(str(p) for p in tmp_path.iterdir() if p.suffix in (".jpg", ".png"))})
+    batches = [decoded.slice(0, 4), decoded.slice(4, 4), decoded.slice(8, 3), decoded.slice(11)]
+    overlapping_calls_give_each_batchs_rows(str(path), ["a person", "a cat"], 0.2, batches)

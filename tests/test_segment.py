@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import overlapping_calls_give_each_batchs_rows
+
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins")
 PROMPTS = ("a person", "a cat")
 THRESHOLD = "0.2"
@@ -152,7 +154,7 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     assert list(startup) == ["listing_and_checks_s", "ray_start_s", "actors_and_first_batch_s"], startup
     assert min(startup.values()) >= 0 and startup["ray_start_s"] > 0
     assert abs(sum(startup.values()) - summary["first_result_s"]) <= 0.05, summary
-    assert summary["actor_busy_share"] > 0, summary  # the actor's calls over the span after the first results
+    assert summary["actor_calls_in_flight"] > 0, summary  # the actor's calls over the span after the first results
     found = by_image(rows(out))
     assert set(found) <= set(reference) and sorted(committed_sources(out)) == sorted(
         str(photos / name) for name in reference)
@@ -367,6 +369,8 @@ def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     assert found.drop_columns(["seconds"]).equals(by_columns.drop_columns(["seconds"]))
     shared = segmenter(read_only_pixels(decoded))  # as Ray's shared-memory store hands a large batch on
     assert found.drop_columns(["seconds"]).equals(shared.drop_columns(["seconds"]))
+    overlapping_calls_give_each_batchs_rows(str(package_path), list(PROMPTS), float(THRESHOLD),
+                                            [decoded, decoded.slice(1), decoded.slice(0, 1)])
     result = encode_masks(found.slice(1)).to_pylist()  # a slice, as Ray may hand a block on
     assert [r["source"] for r in result] == [str(p) for p in paths[1:]]
     assert all(r["error"] == "" and r["width"] > 0 for r in result)

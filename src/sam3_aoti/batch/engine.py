@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import ConfigError, PackageError, Sam3AotiError, first_line
 
 DECODE_BATCH = 4  # images a CPU task reads and decodes at once
+GPU_ACTOR_CPUS = 4  # the most CPUs a GPU actor holds (a quarter of the cluster's CPUs per actor at most)
 
 
 def batch_extra(module: str):
@@ -162,9 +163,9 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
                "first_result_s": round(first, 2) if first is not None else None, "startup": startup,
                "images_per_second": round(out.written / seconds, 3) if seconds else None,
                "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None,
-               # the share of the running span the model actors spent inside their calls (the rest they waited
-               # for batches, or for Ray to take their results): what the GPU could not be given
-               "actor_busy_share": round(ran["busy_after_first"] / (running * ran["actors"]), 3)
+               # the calls an actor had in flight, on average over the running span: at most one call at a time
+               # (a CPU actor) or two (a GPU actor's overlapping calls); below that, the actors waited for batches
+               "actor_calls_in_flight": round(ran["busy_after_first"] / (running * ran["actors"]), 3)
                if running and ran["actors"] else None}
     say(f"{out.written} segmented, {out.failed} could not be read (see {Path(output) / 'errors'}), "
         f"{summary['skipped']} done before, in {seconds:.1f} s")
@@ -223,14 +224,15 @@ def stopped_by_signals(ray):
 
 
 def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, batch_size: int, segmenter: dict) -> dict:
-    from .worker import Segmenter, decode_batch, encode_masks
+    from .worker import OverlappingSegmenter, Segmenter, decode_batch, encode_masks
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     images = ray.data.from_items([{"source": s} for s in todo],
                                  override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
     decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
-    segmented, actors = on_model_actors(ray, decoded, Segmenter, segmenter, device, actors, batch_size)
+    segmented, actors = on_model_actors(ray, decoded, OverlappingSegmenter if device == "cuda" else Segmenter,
+                                        segmenter, device, actors, batch_size)
     # the masks' bits into COCO counts in CPU tasks: the model actor's CPU does nothing its GPU waits on
     found = segmented.map_batches(encode_masks, batch_size=None, batch_format="pyarrow", num_cpus=1)
     t0, last, first, after_first, busy = time.perf_counter(), 0.0, None, 0, 0.0
@@ -268,14 +270,17 @@ def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors
         raise ConfigError("the package is for cuda and the Ray cluster has no GPU: run where GPUs are, or segment "
                           "with a device=cpu package")
     actors = actors or (gpus if device == "cuda" else 1)
-    say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s), {int(resources.get('CPU', 0))} "
-        f"CPUs for decoding, batches of {batch_size}")
+    cpus = int(resources.get("CPU", 1))
+    actor_cpus = max(1, min(GPU_ACTOR_CPUS, cpus // (4 * actors))) if device == "cuda" else 1
+    say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s) of {actor_cpus} CPU(s), "
+        f"{cpus} CPUs in all for them and the decoding, batches of {batch_size}")
     # On a GPU, batches queue at each actor (their pixels are there when the model is free: Ray's pattern for batch
-    # inference), and the actor takes one call at a time: two at once shared one interpreter's lock and ran slower
-    # per image than one (21.2 against 18.5 ms at full size, 6.5-7.3 against 2.9-4.0 ms on the tiny model:
-    # benchmarks/h100-2026-12-05-actors/, scripts/checks/segment_actor.py).
-    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=1) \
+    # inference) and two calls overlap on the actor's event loop (`OverlappingSegmenter`): one call at a time left
+    # the GPU idle while the actor's Python ran, 36 % of the time under Ray (benchmarks/h100-2026-12-05-segment-busy/).
+    # Each GPU actor holds a few CPUs: Ray starts it with as many OpenMP threads (the pixels' staging copy: 1.60 ms an
+    # image with one thread, 0.98 with four), and the decoding tasks leave them to it.
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=4, max_concurrent_calls_per_actor=2) \
         if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
     found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
-                                compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=1)
+                                compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=actor_cpus)
     return found, actors

@@ -134,6 +134,7 @@ class Segmenter:
         self.package = load_package(path, trust=trust, sha256=sha256)
         self.device = package_device(self.package.metadata)
         self.prompts = list(prompts) or [VISUAL_PROMPT]
+        self.masks_stream = None  # where the masks are made: the current stream
         self.threshold = threshold
         self.exemplars = None
         with torch.inference_mode():
@@ -146,13 +147,20 @@ class Segmenter:
     def __call__(self, batch):
         """`batch`: `decode_batch`'s table (its pixels are then read where Ray's object store holds them, uncopied)
         or a dict of its columns."""
+        from ..runtime.postprocess import waited
+
+        return waited(self.steps(batch))
+
+    def steps(self, batch):
+        """The call in steps: a generator that yields each CUDA event the call must wait for and returns its table
+        (`postprocess.batch_instances_steps`)."""
         import warnings
 
         import pyarrow as pa
         import torch
 
         from ..runtime.inference import run_prompts
-        from ..runtime.postprocess import batch_instances, transformed
+        from ..runtime.postprocess import batch_instances_steps, transformed
 
         t0 = time.perf_counter()
         sources, widths, heights, errors, pixel_bytes = columns_of(batch)
@@ -166,7 +174,8 @@ class Segmenter:
                 pixels = transformed(self.package.transforms, [pixels_in_place(pixel_bytes[i], *sizes[i])
                                                                for i in good], self.device)
                 outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
-                kept = batch_instances(outputs, self.prompts, [sizes[i] for i in good], self.threshold)
+            kept = yield from batch_instances_steps(outputs, self.prompts, [sizes[i] for i in good], self.threshold,
+                                                    self.masks_stream)
             for i, image in zip(good, kept):
                 found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
                              "box_xyxy": list(inst.box_xyxy), "mask_area": inst.area, "mask_bits": inst.bits.tobytes()}
@@ -177,3 +186,36 @@ class Segmenter:
             "height": [h for h, _ in sizes], "error": [str(e) for e in errors],
             "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
             "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())
+
+
+class OverlappingSegmenter(Segmenter):
+    """`Segmenter` for Ray Data's GPU actors, whose calls overlap: each is a coroutine (Ray Data runs an actor's
+    coroutines on one event loop) that gives way while its batch is on the GPU, so with two calls in flight the
+    next batch's pixels are staged and its model queued while this one's runs, and the GPU does not wait for the
+    actor's Python between batches. The masks of a batch are made on a stream of their own, not behind the next
+    batch's model. The same rows as `Segmenter`'s."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.device == "cuda":
+            import torch
+
+            self.masks_stream = torch.cuda.Stream()
+
+    async def __call__(self, batch):
+        yield await awaited(self.steps(batch))
+
+
+async def awaited(steps, poll_s: float = 0.0005):
+    """What a generator of steps (`Segmenter.steps`) returns, giving way to the event loop until each event it
+    yields has fired."""
+    import asyncio
+
+    try:
+        event = next(steps)
+        while True:
+            while not event.query():
+                await asyncio.sleep(poll_s)
+            event = steps.send(None)
+    except StopIteration as done:
+        return done.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,21 +58,41 @@ def batch_instances(outputs, prompts: list[str], sizes: list[tuple[int, int]],
     (h, w)), each mask packed into bits (`Instance.bits`) instead of whole. One wait for the device, for the
     scores (which queries are kept); the masks are resized, thresholded and packed where they are, and come
     back with the boxes and areas in one copy: no wait per image or per instance (segment's model actor)."""
+    return waited(batch_instances_steps(outputs, prompts, sizes, threshold))
+
+
+def batch_instances_steps(outputs, prompts: list[str], sizes: list[tuple[int, int]], threshold: float = 0.5,
+                          stream=None):
+    """`batch_instances` in steps: a generator that yields each CUDA event it must wait for (two: the scores, then
+    the masks; none off a GPU) and returns the instances, so that a caller can do other work at each wait
+    (`waited` just waits). With `stream`, a CUDA stream, the device work runs there once the work queued so far
+    on the current stream (the model's) is done, and so not behind what is queued on the current stream later (a
+    next batch's model)."""
     _, boxes, masks, _ = outputs
-    s = scores(outputs)
-    host_scores, keep = to_host(s.float(), s >= threshold)
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.inference_mode(), on_stream(stream):  # entered and left between waits, never across one
+        s = scores(outputs)
+        copying = to_host_started(s.float(), s >= threshold)
+    if copying.event is not None:
+        yield copying.event
+    host_scores, keep = copying.arrays()
     pair, query = np.nonzero(keep)  # row-major: by image, then prompt, then query, as `instances` finds them
-    on_device = to_device(torch.from_numpy(np.stack([pair, query])), masks.device)  # the one upload
-    bits, areas, per = [], [], len(prompts)
-    starts = np.searchsorted(pair, np.arange(len(sizes) + 1) * per)  # each image's kept queries: a range of them
-    for b, (h, w) in enumerate(sizes):
-        mine = on_device[:, starts[b]:starts[b + 1]]
-        for chunk in resized(masks[mine[0], mine[1]], h, w):
-            columns = chunk.transpose(1, 2).flatten(1)  # column-major, as COCO counts
-            areas.append(columns.sum(1))
-            bits.append(pack_bits(columns).flatten())
-    host_boxes, host_areas, host_bits = to_host(boxes[on_device[0], on_device[1]].float(), cat(areas, torch.int64),
-                                                cat(bits, torch.uint8))
+    with torch.inference_mode(), on_stream(stream):
+        on_device = to_device(torch.from_numpy(np.stack([pair, query])), masks.device)  # the one upload
+        bits, areas, per = [], [], len(prompts)
+        starts = np.searchsorted(pair, np.arange(len(sizes) + 1) * per)  # each image's kept queries: a range
+        for b, (h, w) in enumerate(sizes):
+            mine = on_device[:, starts[b]:starts[b + 1]]
+            for chunk in resized(masks[mine[0], mine[1]], h, w):
+                columns = chunk.transpose(1, 2).flatten(1)  # column-major, as COCO counts
+                areas.append(columns.sum(1))
+                bits.append(pack_bits(columns).flatten())
+        copying = to_host_started(boxes[on_device[0], on_device[1]].float(), cat(areas, torch.int64),
+                                  cat(bits, torch.uint8))
+    if copying.event is not None:
+        yield copying.event
+    host_boxes, host_areas, host_bits = copying.arrays()
     found: list[list[Instance]] = [[] for _ in sizes]
     at = 0
     for j, (p, q) in enumerate(zip(pair.tolist(), query.tolist())):
@@ -82,6 +103,22 @@ def batch_instances(outputs, prompts: list[str], sizes: list[tuple[int, int]],
                                          host_bits[at:at + size]))
         at += size
     return [sorted(image, key=lambda i: -i.score) for image in found]
+
+
+def waited(steps):
+    """What a generator of steps (`batch_instances_steps`) returns, waiting on the host for each event it yields."""
+    try:
+        event = next(steps)
+        while True:
+            event.synchronize()
+            event = steps.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+def on_stream(stream):
+    """`torch.cuda.stream(stream)`, or nothing for None."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def resized(masks, h: int, w: int):
@@ -115,24 +152,42 @@ NUMPY_TYPES = {torch.float32: np.float32, torch.int64: np.int64, torch.uint8: np
 
 
 def to_host(*tensors) -> list[np.ndarray]:
-    """Tensors of one device as numpy arrays, brought to the host in one copy. On a GPU the copy lands in pinned
-    memory and the wait is for an event recorded after it: for the work queued before it, not for what another
-    thread queued on the stream since (in segment's actor, the other batch's model)."""
+    """Tensors of one device as numpy arrays, brought to the host in one copy (`to_host_started`), waited for."""
+    copying = to_host_started(*tensors)
+    if copying.event is not None:
+        copying.event.synchronize()
+    return copying.arrays()
+
+
+class OnTheWay:
+    """Tensors on their way to the host in one copy: once `event` has fired (None: they are there already),
+    `arrays()` gives them as numpy arrays."""
+
+    def __init__(self, tensors, host, event):
+        self.tensors, self.host, self.event = tensors, host, event
+
+    def arrays(self) -> list[np.ndarray]:
+        arrays, at = [], 0
+        for t in self.tensors:
+            size = t.numel() * t.element_size()
+            arrays.append(self.host[at:at + size].numpy().view(NUMPY_TYPES[t.dtype]).reshape(tuple(t.shape)))
+            at += size
+        return arrays
+
+
+def to_host_started(*tensors) -> OnTheWay:
+    """Tensors of one device, copied to the host in one copy, not waited for. On a GPU the copy lands in pinned
+    memory and its event is recorded after it on the current stream: a wait on it is for the work queued before
+    it there, not for what was queued since (in segment's actor, the next batch's model)."""
     raw = [t.contiguous().flatten().view(torch.uint8) for t in tensors]
     device = next((t.device for t in tensors if t.numel()), torch.device("cpu"))  # an empty one may be the CPU's
     flat = torch.cat([r.to(device) for r in raw])
-    if flat.is_cuda:
-        host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True).copy_(flat, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        copied.synchronize()
-    else:
-        host = flat
-    arrays, at = [], 0
-    for t, r in zip(tensors, raw):
-        arrays.append(host[at:at + r.numel()].numpy().view(NUMPY_TYPES[t.dtype]).reshape(tuple(t.shape)))
-        at += r.numel()
-    return arrays
+    if not flat.is_cuda:
+        return OnTheWay(tensors, flat, None)
+    host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True).copy_(flat, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return OnTheWay(tensors, host, copied)
 
 
 PALETTE = np.array([(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180),

@@ -102,7 +102,7 @@ def run(settings: Settings) -> None:
         "bench_16x1_images_per_second": reference, "bench_column": column,
         "share_of_bench": round(summary["steady_images_per_second"] / reference, 3) if reference else None,
         "gpu_busy_share": busy.share(startup_samples), "gpu_busy_samples": len(busy.samples),
-        "actor_busy_share": summary["actor_busy_share"],
+        "actor_calls_in_flight": summary["actor_calls_in_flight"],
         "date": time.strftime("%Y-%m-%d"),
     }
     log.info("%d images in %.1f s (%.1f s until the first results): %.2f images/s overall, %.2f once running; "
@@ -110,12 +110,12 @@ def run(settings: Settings) -> None:
              data["images_per_second"], data["steady_images_per_second"], dash(reference),
              dash(data["gpu_busy_share"]))
     table = Table("segment over a folder", ["images", "seconds (start-up)", "images/s overall", "images/s running",
-                                            "bench 16 x 1 images/s", "share of bench", "GPU busy", "actors busy"],
+                                            "bench 16 x 1 images/s", "share of bench", "GPU busy", "calls in flight per actor"],
                   [[data["images"], f"{data['seconds']:.1f} ({data['startup_seconds']:.1f})",
                     f"{data['images_per_second']:.2f}", f"{data['steady_images_per_second']:.2f}",
                     dash(reference), dash(data["share_of_bench"] and f"{data['share_of_bench']:.0%}"),
                     dash(data["gpu_busy_share"] and f"{data['gpu_busy_share']:.0%}"),
-                    dash(data["actor_busy_share"] and f"{data['actor_busy_share']:.0%}")]])
+                    dash(data["actor_calls_in_flight"])]])
     notes = [f"{data['date']}: `sam3-aoti segment` over {images} photographs ({opts['images']} files, each under "
              f"{copies} name(s); {collection['jpeg']} JPEG, "
              f"{collection['png']} PNG; short side {opts['min_side']} px and up, {collection['large']} of them "
@@ -123,8 +123,8 @@ def run(settings: Settings) -> None:
              f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
              f"{data['actors']} model actor(s); reading, decoding, upsampling, run-length encoding and Parquet "
              "included. 'Running' leaves out Ray's start and the package's load (until the first results); the "
-             f"GPU's busy share is nvidia-smi's utilization over the same span; the actors' is the share of it they "
-             "spent inside their calls (the rest they waited for batches or for their results to be taken). "
+             f"GPU's busy share is nvidia-smi's utilization over the same span; calls in flight: an actor's calls under way, "
+             "on average over that span (a GPU actor overlaps two; fewer: it waited for batches). "
              f"Bench column: {dash(column)}.",
              "Start-up, s: " + (", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v}"
                                           for k, v in data["startup"].items()) if data["startup"] else "-") + "."]
