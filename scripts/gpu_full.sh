@@ -66,6 +66,8 @@
 #          `doit throughput` with it: segment's Ray pipeline with a model of about 0.1 ms an image, the most images/s
 #          the pipeline itself delivers on this machine; then the GPU test of segment's overlapping calls on that
 #          package. `start again ceiling` runs both again with this checkout's code
+#   fc1:   no build, after segment's and ceiling's figures, alone: experiments/fp8_fc1_fused.py (the ViT MLP's fc1, bias,
+#          GELU and group quantization as one Triton fp8 GEMM, every launch shape, against today's two kernels)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -380,7 +382,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -435,6 +437,8 @@ run_all() {
         step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
+    [[ $runs == *" fc1 "* ]] && (cd "$WORK/fc1" && step fp8-fc1-fused scripts/gpu_run.sh --python \
+        experiments/fp8_fc1_fused.py --out "$RESULTS/fp8-fc1-fused")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)
@@ -485,5 +489,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The ViT MLP's fc1 as one Triton fp8 GEMM whose epilogue adds the bias, applies the GELU and quantizes the result
+in 1 x 128 groups (what fc2 reads), against today's precision=fp8 path for the same step: `torch._scaled_mm` (rowwise
+e4m3, bf16 out), then `sam3_aoti::gelu_quantize_groups` (runtime/gelu_groups.py) on its output. A group of 128 is
+one output tile's width, so each program holds whole groups and the quantization needs no pass of its own; the
+4736-wide bf16 product is never written. On 16 images' tokens (82,944 x 1024 in, 4736 out), every launch shape in
+CONFIGS: its time, and how many e4m3 values and scales differ from today's (the GEMM's sums are not added in
+cuBLAS's order, so a few values in a million may round the other way). The bf16 GEMM alone and the fp8 GEMM alone
+are the floors. Runs in Triton's CPU interpreter at a small shape (`--interpret`: the check only, no times).
+Usage: python3 experiments/fp8_fc1_fused.py --out DIR [--images 16]   (on a CUDA GPU; writes DIR/fp8-fc1-fused.{json,md})
+       TRITON_INTERPRET=1 python3 experiments/fp8_fc1_fused.py --interpret
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from sam3_aoti.model.fp8 import quantize_rows  # noqa: E402
+from sam3_aoti.runtime import gelu_groups  # noqa: E402
+
+WIDTH, HIDDEN, TOKENS_PER_IMAGE = 1024, 4736, 72 * 72  # the ViT's width, its MLP's, tokens of one image
+# (BLOCK_M, BLOCK_K, num_warps, num_stages): the tile's rows and depth; its width is one group (128)
+CONFIGS = [(128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4), (128, 64, 4, 4), (64, 128, 4, 4), (64, 128, 4, 3),
+           (128, 128, 4, 3), (256, 64, 8, 3)]
+
+
+@triton.jit
+def _fc1_gelu_groups_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, values_ptr, scales_ptr, m, n,
+                            k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+                            GROUP_M: tl.constexpr, E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+    pid = tl.program_id(0)
+    blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), n // GROUP
+    per_band = GROUP_M * blocks_n  # programs of GROUP_M row blocks, taken column by column (weights stay in L2)
+    first_m = (pid // per_band) * GROUP_M
+    band_m = tl.minimum(blocks_m - first_m, GROUP_M)
+    block_m = first_m + (pid % per_band) % band_m
+    block_n = (pid % per_band) // band_m
+    rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = block_n * GROUP + tl.arange(0, GROUP)
+    depth = tl.arange(0, BLOCK_K)
+    a_at = a_ptr + rows[:, None] * k + depth[None, :]  # [BLOCK_M, BLOCK_K] of the row-major activations
+    w_at = w_ptr + cols[None, :].to(tl.int64) * k + depth[:, None]  # [BLOCK_K, GROUP] of the weight [N, K], K-major
+    inside = rows[:, None] < m
+    acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
+    for _ in range(0, k // BLOCK_K):  # k a constexpr: the interpreter ranges over no runtime int
+        acc = tl.dot(tl.load(a_at, mask=inside, other=0.0), tl.load(w_at), acc)
+        a_at += BLOCK_K
+        w_at += BLOCK_K
+    a_scale = tl.load(a_scale_ptr + rows, mask=rows < m, other=0.0)
+    w_scale = tl.load(w_scale_ptr + cols)
+    y = (acc * a_scale[:, None] * w_scale[None, :]).to(tl.bfloat16)  # _scaled_mm's bf16 output
+    h = (y.to(tl.float32) + tl.load(bias_ptr + cols).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    g = (h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))).to(tl.bfloat16).to(tl.float32)  # torch's GELU
+    scale = tl.maximum(tl.max(tl.abs(g), axis=1), MIN_AMAX) / E4M3_MAX
+    values = tl.clamp(tl.math.div_rn(g, scale[:, None]), -E4M3_MAX, E4M3_MAX)
+    tl.store(values_ptr + rows[:, None] * n + cols[None, :], values.to(values_ptr.dtype.element_ty), mask=inside)
+    tl.store(scales_ptr + block_n * m + rows, scale, mask=rows < m)
+
+
+def fused(rows, row_scales, weight, weight_scales, bias, block_m=128, block_k=128, num_warps=8, num_stages=3,
+          values_dtype=gelu_groups.E4M3):
+    """`rows [M, K]` e4m3 with `row_scales [M, 1]`, `weight [N, K]` e4m3 with `weight_scales [1, N]`, `bias [N]`
+    bf16 -> (e4m3 values [M, N], fp32 scales [N / 128, M]): `quantize_groups(gelu(rows @ weight.T + bias))`.
+    `values_dtype` float32 keeps the quotients uncast (the interpreter's check)."""
+    m, k = rows.shape
+    n = weight.shape[0]
+    values = torch.empty((m, n), dtype=values_dtype, device=rows.device)
+    scales = torch.empty((n // gelu_groups.GROUP, m), dtype=torch.float32, device=rows.device)
+    grid = (triton.cdiv(m, block_m) * (n // gelu_groups.GROUP),)
+    _fc1_gelu_groups_kernel[grid](rows, row_scales, weight, weight_scales, bias, values, scales, m, n, k,
+                                  BLOCK_M=block_m, BLOCK_K=block_k, GROUP=gelu_groups.GROUP, GROUP_M=8,
+                                  E4M3_MAX=gelu_groups.E4M3_MAX, MIN_AMAX=gelu_groups.MIN_SCALE_AMAX,
+                                  num_warps=num_warps, num_stages=num_stages)
+    return values, scales
+
+
+def inputs(tokens: int, width: int, hidden: int, device: str):
+    """LayerNorm-like activations (quantized in rows, as the LayerNorm's kernel writes them), an fc1 of the ViT's
+    scale (quantized per output channel, as `Fp8Linear` stores it) and its bias."""
+    torch.manual_seed(0)
+    x = torch.randn(tokens, width, device=device, dtype=torch.bfloat16)
+    weight = torch.randn(hidden, width, device=device) * 0.02
+    bias = (torch.randn(hidden, device=device) * 0.02).to(torch.bfloat16)
+    rows, row_scales = quantize_rows(x)
+    w8, w_scales = quantize_rows(weight)
+    return x, rows, row_scales, w8, w_scales.t().contiguous(), weight.to(torch.bfloat16), bias
+
+
+def today(rows, row_scales, w8, w_scales, bias):
+    """precision=fp8's fc1 today: cuBLAS's rowwise fp8 GEMM, then the GELU + group quantization kernel."""
+    if rows.is_cuda:
+        out = torch._scaled_mm(rows, w8.t(), scale_a=row_scales, scale_b=w_scales, out_dtype=torch.bfloat16)
+    else:  # the same arithmetic in torch ops (Fp8Linear's CPU form)
+        out = ((rows.float() @ w8.float().t()) * row_scales * w_scales).to(torch.bfloat16)
+    return gelu_groups.reference(out, bias) if not rows.is_cuda else gelu_groups.launch_gelu_groups(out, bias)
+
+
+def differences(got, want) -> dict:
+    values = int((got[0].view(torch.uint8) != want[0].view(torch.uint8)).sum())
+    scale_rel = float(((got[1] - want[1]).abs() / want[1]).max())
+    return {"values_differing": values, "values_differing_share": round(values / got[0].numel(), 8),
+            "scales_max_relative_difference": scale_rel}
+
+
+def interpret() -> None:
+    """The kernel in Triton's CPU interpreter at a small shape, its quotients kept in fp32: the interpreter's own
+    cast to e4m3 is wrong where a value rounds up into the next power of two (-126.4 becomes -64), and it truncates
+    its bf16 casts where CUDA rounds, so the quotients and scales are held to 3 % (three truncated casts of 2^-7)
+    and the cast is left to the GPU run, which counts the values that differ from today's."""
+    x, rows, row_scales, w8, w_scales, _, bias = inputs(200, 256, 384, "cpu")
+    quotients, scales = fused(rows, row_scales, w8, w_scales, bias, block_m=64, block_k=64, num_warps=4,
+                              num_stages=1, values_dtype=torch.float32)
+    _, want_scales = today(rows, row_scales, w8, w_scales, bias)
+    torch.testing.assert_close(scales, want_scales, rtol=3e-2, atol=0)
+    product = ((rows.float() @ w8.float().t()) * row_scales * w_scales).to(torch.bfloat16)
+    gelu = torch.nn.functional.gelu(product + bias).float().reshape(200, -1, 128)
+    want = (gelu / want_scales.t()[..., None]).clamp(-448, 448).reshape(200, -1)
+    torch.testing.assert_close(quotients, want, rtol=3e-2, atol=448 * 3 * 2 ** -8)  # a sum near -bias cancels
+    print(json.dumps({"interpreted": "ok", "quotients_max_abs_difference": float((quotients - want).abs().max())}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--interpret", action="store_true")
+    args = parser.parse_args()
+    if args.interpret:
+        return interpret()
+    from sam3_aoti.measure.timing import time_calls
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokens = args.images * TOKENS_PER_IMAGE
+    x, rows, row_scales, w8, w_scales, w16, bias = inputs(tokens, WIDTH, HIDDEN, "cuda")
+    flop = 2 * tokens * WIDTH * HIDDEN
+
+    def ms_of(fn) -> float:
+        return statistics.median(time_calls(fn, (), "cuda", 5, 20))
+
+    want = today(rows, row_scales, w8, w_scales, bias)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "tokens": tokens, "gflop": round(flop / 1e9, 1),
+               "bf16_gemm_ms": round(ms_of(lambda: torch.nn.functional.linear(x, w16, bias)), 4),
+               "fp8_gemm_ms": round(ms_of(lambda: torch._scaled_mm(rows, w8.t(), scale_a=row_scales, scale_b=w_scales,
+                                                                   out_dtype=torch.bfloat16)), 4),
+               "today_ms": round(ms_of(lambda: today(rows, row_scales, w8, w_scales, bias)), 4), "fused": []}
+    for block_m, block_k, warps, stages in CONFIGS:
+        row = {"block_m": block_m, "block_k": block_k, "num_warps": warps, "num_stages": stages}
+        try:
+            got = fused(rows, row_scales, w8, w_scales, bias, block_m, block_k, warps, stages)
+            ms = ms_of(lambda: fused(rows, row_scales, w8, w_scales, bias, block_m, block_k, warps, stages))
+            row.update(ms=round(ms, 4), tflops=round(flop / (ms * 1e-3) / 1e12, 1), **differences(got, want))
+        except Exception as e:  # a shape this card's shared memory cannot hold: named, the others go on
+            row["error"] = str(e).splitlines()[0][:200]
+        results["fused"].append(row)
+        print(json.dumps(row), flush=True)
+    (args.out / "fp8-fc1-fused.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [f"# fc1 + bias + GELU + 1 x 128 group quantization in one fp8 GEMM, {tokens} x {WIDTH} -> {HIDDEN} "
+             f"({results['gpu']}, torch {results['torch']}, Triton {results['triton']})", "",
+             f"Today (cuBLAS rowwise fp8 GEMM, then the GELU group kernel): {results['today_ms']} ms. Floors: the fp8 "
+             f"GEMM alone {results['fp8_gemm_ms']} ms, the bf16 GEMM alone (with its bias) {results['bf16_gemm_ms']} "
+             "ms.", "", "| BLOCK_M | BLOCK_K | warps | stages | ms | TFLOP/s | values differing | scales' max rel. "
+             "difference |", "|---|---|---|---|---|---|---|---|"]
+    for r in results["fused"]:
+        lines.append(f"| {r['block_m']} | {r['block_k']} | {r['num_warps']} | {r['num_stages']} | "
+                     + (f"{r['ms']} | {r['tflops']} | {r['values_differing']} ({r['values_differing_share']:.1e}) | "
+                        f"{r['scales_max_relative_difference']:.1e} |" if "ms" in r else f"{r['error']} | | | |"))
+    (args.out / "fp8-fc1-fused.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
