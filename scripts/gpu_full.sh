@@ -51,7 +51,8 @@
 #          over the [throughput] collection (mixed sizes, PNGs and JPEGs, broken files) against that bench's 16 x 1
 #          images/s, the GPU's busy share sampled, then an actor's time by step without Ray
 #          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
-#          actor's steps run on fresh's package once the fresh box is timed. Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          actor's steps run on fresh's package once the fresh box is timed (BENCH_SHAPES="[[16, 1]]" in the
+#          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   kernels: no build: the fp8 run's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
@@ -428,6 +429,9 @@ run_all() {
     if [[ $runs == *" fresh "* ]]; then
         segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' &&
             echo toolkit=machine > toolkit.txt)
+        # BENCH_SHAPES (a TOML list, e.g. "[[16, 1]]": the shape segment is held to) for a run short of device time
+        [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" \
+            "$WORK/fresh/pipeline.toml"
     fi
     [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
