@@ -60,6 +60,7 @@
 #          measures other runs and cannot spare an fp8 build
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
+#          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
 #   actors: the tiny package on CUDA, then scripts/checks/segment_actor.py (a segment actor's steps, no Ray) with
 #          this checkout's code and, when carried, .runtime-before's (`git archive REV src scripts | tar -x -C
 #          .runtime-before`), in turn, twice: the actor's own overhead, where a tiny model leaves little else
@@ -339,11 +340,17 @@ fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experime
         --out "$RESULTS/gelu-groups-arithmetic"
 }
 
+actor_cpus() {  # actor_cpus CHECKOUT: ACTOR_CPUS (when set) as that checkout's [throughput] actor_cpus
+    [[ -n ${ACTOR_CPUS:-} ]] || return 0
+    sed -i '/^actor_cpus = /d' "$1/pipeline.toml" && sed -i "/^\[throughput\]/a actor_cpus = $ACTOR_CPUS" "$1/pipeline.toml"
+}
+
 again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fresh or segment run's package here
     local dir package=artifacts/sam3-bf16-cuda/package/sam3.pt2
     for dir in "$WORK/fresh" "$WORK/segment"; do [[ -f $dir/$package ]] && break; done
     [[ -f $dir/$package ]] || { echo "again: no package here (a fresh or segment run first)" >> "$RESULTS/status"; return 1; }
     rm -rf "${dir:?}/src" "$dir/scripts" && cp -r src scripts "$dir/"
+    actor_cpus "$dir"
     cd "$dir" && build segment-throughput -s throughput $SAM3 precision=bf16
     step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py "$package" --images 64 \
         --out "$RESULTS/segment-actor"
@@ -351,7 +358,7 @@ again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fre
 
 ceiling_again() {  # this checkout's src/ over an earlier ceiling run's tiny package here, its throughput again
     [[ -f $WORK/ceiling/artifacts/tiny-fp32-cuda/package/sam3.pt2 ]] || return 1
-    rm -rf "$WORK/ceiling/src" && cp -r src "$WORK/ceiling/" && (cd "$WORK/ceiling" && build ceiling-throughput -s \
+    rm -rf "$WORK/ceiling/src" && cp -r src "$WORK/ceiling/" && actor_cpus "$WORK/ceiling" && (cd "$WORK/ceiling" && build ceiling-throughput -s \
         throughput profile=tiny device=cuda)
 }
 

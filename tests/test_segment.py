@@ -445,6 +445,17 @@ def test_listing_follows_linked_folders_once_and_takes_a_bracketed_folder_for_it
     assert list_sources(str(tiles)) == [str(tiles / "a" / "x.png"), str(tiles / "linked" / "y.png")]
 
 
+@pytest.mark.parametrize("option, value", [("batch_size", 0), ("part_images", 0), ("actors", 0), ("actor_cpus", 0)])
+def test_counts_below_one_are_one_line_before_anything_starts(tmp_path, option, value):
+    from sam3_aoti.batch.engine import segment
+    from sam3_aoti.errors import ConfigError
+
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"must each be 1 or more .*{flag}"):
+        segment(str(tmp_path), tmp_path / "out", ["a cat"], str(tmp_path / "none.pt2"), **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_path):
     import threading
 

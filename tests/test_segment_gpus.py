@@ -19,6 +19,7 @@ class WhereAmI:
 
         self.pause, self.gpus = pause, [str(g) for g in ray.get_gpu_ids()]
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.threads = os.environ.get("OMP_NUM_THREADS", "")  # Ray gives an actor as many as it holds CPUs
 
     def __call__(self, batch) -> dict:  # the decoded batch as an Arrow table, as the pool hands it to Segmenter
         import time
@@ -26,7 +27,7 @@ class WhereAmI:
         time.sleep(self.pause)  # long enough that the pool hands every actor batches
         sources = batch.column("source").to_pylist()
         return {"source": sources, "pid": [os.getpid()] * len(sources), "gpus": [",".join(self.gpus)] * len(sources),
-                "visible": [self.visible] * len(sources)}
+                "visible": [self.visible] * len(sources), "threads": [self.threads] * len(sources)}
 
 
 @pytest.mark.slow  # a local Ray
@@ -49,12 +50,13 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch):
         # every actor up before the first batch: each gets work, however busy the machine
         monkeypatch.setattr(context, "wait_for_min_actors_s", 300)
         decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * GPUS)])
-        found, actors = on_model_actors(ray, decoded, WhereAmI, {"pause": 0.3}, "cuda", None, 2)
+        found, actors, actor_cpus = on_model_actors(ray, decoded, WhereAmI, {"pause": 0.3}, "cuda", None, 2)
         rows = found.take_all()
     finally:
         ray.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert actors == GPUS and sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * GPUS))
+    assert actor_cpus == 1 and {r["threads"] for r in rows} == {"1"}  # 3 CPUs: a quarter per actor is under one
     placed = {r["pid"]: (r["gpus"], r["visible"]) for r in rows}
     assert len(placed) == GPUS, placed  # every actor of the pool did work
     assert sorted(g for g, _ in placed.values()) == [str(i) for i in range(GPUS)], placed  # a GPU each, none twice
@@ -98,7 +100,7 @@ def test_a_killed_actor_is_restarted_on_its_gpu_and_every_image_comes_back_once(
         monkeypatch.setattr(context, "enable_progress_bars", False)
         monkeypatch.setattr(context, "wait_for_min_actors_s", 300)
         decoded = ray.data.from_items([{"source": f"image-{i}"} for i in range(8 * GPUS)])
-        found, _ = on_model_actors(ray, decoded, DiesOnce, {"pause": 0.3, "marker": str(marker)}, "cuda", None, 2)
+        found, *_ = on_model_actors(ray, decoded, DiesOnce, {"pause": 0.3, "marker": str(marker)}, "cuda", None, 2)
         rows = found.take_all()
     finally:
         ray.shutdown()
@@ -121,3 +123,28 @@ def test_a_cuda_package_on_a_ray_without_gpus_is_one_line():
 
     with pytest.raises(ConfigError, match="has no GPU"):
         on_model_actors(NoGpuRay, None, WhereAmI, {}, "cuda", None, 2)
+
+
+def test_actors_holding_every_cpu_are_one_line_and_each_holds_a_quarter_by_default():
+    """The CPUs a GPU actor holds (Ray starts it with as many OpenMP threads, and the decoding takes the rest):
+    a quarter of the cluster's per actor by default, at most GPU_ACTOR_CPUS; asked for all of them, one line."""
+    import types
+
+    from sam3_aoti.batch.engine import GPU_ACTOR_CPUS, on_model_actors
+    from sam3_aoti.errors import ConfigError
+
+    def cluster(cpus: int, gpus: int):  # the little of Ray the pool's set-up reads
+        return types.SimpleNamespace(__version__="fake", cluster_resources=lambda: {"CPU": cpus, "GPU": gpus},
+                                     data=types.SimpleNamespace(ActorPoolStrategy=lambda **kw: kw))
+
+    class Decoded:
+        def map_batches(self, *args, num_cpus, **kwargs):
+            return num_cpus  # what each actor holds
+
+    with pytest.raises(ConfigError, match="leave none of the cluster's 8 for the decoding: give --actor-cpus fewer"):
+        on_model_actors(cluster(8, 2), Decoded(), WhereAmI, {}, "cuda", None, 2, actor_cpus=4)
+    assert on_model_actors(cluster(8, 2), Decoded(), WhereAmI, {}, "cuda", None, 2) == (1, 2, 1)
+    assert on_model_actors(cluster(64, 1), Decoded(), WhereAmI, {}, "cuda", None, 2) == (GPU_ACTOR_CPUS, 1,
+                                                                                           GPU_ACTOR_CPUS)
+    assert on_model_actors(cluster(64, 1), Decoded(), WhereAmI, {}, "cuda", None, 2, actor_cpus=2)[0] == 2
+    assert on_model_actors(cluster(64, 0), Decoded(), WhereAmI, {}, "cpu", None, 2, actor_cpus=8)[0] == 1

@@ -164,7 +164,8 @@ def run_segment(args) -> None:
     summary = segment(args.collection, args.output, args.prompt, args.package and str(args.package), ref=args.ref,
                       cache=args.cache, trusted=args.trusted_key, threshold=args.threshold, boxes=boxes,
                       labels=labels, boxes_on=args.boxes_on, batch_size=args.batch_size,
-                      ray_address=args.ray_address, actors=args.actors, part_images=args.part_images,
+                      ray_address=args.ray_address, actors=args.actors, actor_cpus=args.actor_cpus,
+                      part_images=args.part_images,
                       sha256=args.sha256, trust=args.trust)
     print(json.dumps(summary), file=stdout, flush=True)
 
@@ -247,6 +248,8 @@ def run_command(argv: list[str] | None) -> None:
     add_request_options(many, boxes_on_type=str)
     many.add_argument("--batch-size", type=int, default=16, help="images per model call (16)")
     many.add_argument("--actors", type=int, help="model actors (default: one per GPU; one for a CPU package)")
+    many.add_argument("--actor-cpus", type=int, help="CPUs a GPU actor holds, the rest decode (default: a quarter "
+                                                     "of the CPUs per GPU actor, at most 4)")
     many.add_argument("--ray-address", help="a running Ray cluster (ray://HOST:10001 or auto); default: Ray "
                                             "starts on this machine")
     many.add_argument("--part-images", type=int, default=256,

@@ -83,8 +83,8 @@ def package_identity(package: str | None, ref: str | None, cache: str | None, tr
 def segment(collection: str, output: Path, prompts: list[str], package: str | None = None, *, ref: str | None = None,
             cache: str | None = None, trusted: list[str] = (), threshold: float = 0.5, boxes: list = (),
             labels: list = (), boxes_on: str | None = None, batch_size: int = 16, ray_address: str | None = None,
-            actors: int | None = None, part_images: int = 256, sha256: str | None = None,
-            trust: bool = False) -> dict:
+            actors: int | None = None, actor_cpus: int | None = None, part_images: int = 256,
+            sha256: str | None = None, trust: bool = False) -> dict:
     """Segment every image of `collection` into `output` (`dataset`); returns the run's summary."""
     from ..runtime.contract import VISUAL_PROMPT
     from ..runtime.info import archive_info
@@ -101,9 +101,10 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
     check_request(prompts, boxes, threshold, boxes_on)  # one line now, not a trace from every actor
-    if min(batch_size, part_images, 1 if actors is None else actors) < 1:
-        raise ConfigError(f"batch size {batch_size}, images per part {part_images} and actors {actors} must each be "
-                          "1 or more (--batch-size, --part-images, --actors)")
+    if min(batch_size, part_images, 1 if actors is None else actors, 1 if actor_cpus is None else actor_cpus) < 1:
+        raise ConfigError(f"batch size {batch_size}, images per part {part_images}, actors {actors} and CPUs per "
+                          f"actor {actor_cpus} must each be 1 or more (--batch-size, --part-images, --actors, "
+                          "--actor-cpus)")
     if ref and not cache:
         raise ConfigError(f"{ref} names a package in a binary cache: give the cache too (--cache URL)")
     if boxes and not boxes_on:
@@ -141,10 +142,10 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         todo = [s for s in sources if s not in out.done]
         say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
             f"{len(todo)} to segment")
-        ran = {"actors": 0, "first_at": None, "after_first": 0, "busy_after_first": 0.0, "ray_at": None,
+        ran = {"actors": 0, "actor_cpus": None, "first_at": None, "after_first": 0, "busy_after_first": 0.0, "ray_at": None,
                "ray_up_at": None}
         if todo:
-            ran = _run_on_ray(todo, out, device, ray_address, actors, batch_size, dict(
+            ran = _run_on_ray(todo, out, device, ray_address, actors, actor_cpus, batch_size, dict(
                 package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
                 labels=list(labels), boxes_on=boxes_on, sha256=None if isinstance(spec, dict) else digest,
                 trust=trust, boxes_on_sha256=settings.get("boxes_on_sha256")))
@@ -159,7 +160,8 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
                    "ray_start_s": round(ran["ray_up_at"] - ran["ray_at"], 2),
                    "actors_and_first_batch_s": round(ran["first_at"] - ran["ray_up_at"], 2)}
     summary = {"run": out.run, "images": len(sources), "segmented": out.written, "failed": out.failed,
-               "skipped": len(sources) - len(todo), "actors": ran["actors"], "seconds": round(seconds, 2),
+               "skipped": len(sources) - len(todo), "actors": ran["actors"], "actor_cpus": ran["actor_cpus"],
+               "seconds": round(seconds, 2),
                "first_result_s": round(first, 2) if first is not None else None, "startup": startup,
                "images_per_second": round(out.written / seconds, 3) if seconds else None,
                "steady_images_per_second": round(ran["after_first"] / running, 3) if running else None,
@@ -182,8 +184,8 @@ def error_rows(problems: list):
                                   "instances": []} for name, reason in problems], schema=segmented_schema())
 
 
-def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, actors: int | None, batch_size: int,
-                segmenter: dict) -> dict:
+def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, actors: int | None,
+                actor_cpus: int | None, batch_size: int, segmenter: dict) -> dict:
     """The run through Ray Data, its results into `out`; returns how many model actors ran, when Ray was asked for
     and was up (`ray_at`, `ray_up_at`), when the first results came (`first_at`; perf_counter, all) and how many
     images came after them."""
@@ -199,7 +201,7 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
                               f"({first_line(e)})") from None
     ray_up_at = time.perf_counter()
     with stopped_by_signals(ray if started_here else None):
-        ran = _run_with_ray(ray, todo, out, device, actors, batch_size, segmenter)
+        ran = _run_with_ray(ray, todo, out, device, actors, actor_cpus, batch_size, segmenter)
     return {**ran, "ray_at": ray_at, "ray_up_at": ray_up_at}
 
 
@@ -223,7 +225,8 @@ def stopped_by_signals(ray):
             ray.shutdown()
 
 
-def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, batch_size: int, segmenter: dict) -> dict:
+def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, actor_cpus: int | None,
+                  batch_size: int, segmenter: dict) -> dict:
     from .worker import OverlappingSegmenter, Segmenter, decode_batch, encode_masks
 
     context = ray.data.DataContext.get_current()
@@ -231,8 +234,8 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
     images = ray.data.from_items([{"source": s} for s in todo],
                                  override_num_blocks=max(1, min(len(todo) // DECODE_BATCH, 1000)))
     decoded = images.map_batches(decode_batch, batch_size=DECODE_BATCH, batch_format="numpy", num_cpus=1)
-    segmented, actors = on_model_actors(ray, decoded, OverlappingSegmenter if device == "cuda" else Segmenter,
-                                        segmenter, device, actors, batch_size)
+    segmented, actors, actor_cpus = on_model_actors(ray, decoded, OverlappingSegmenter if device == "cuda" else
+                                                    Segmenter, segmenter, device, actors, batch_size, actor_cpus)
     # the masks' bits into COCO counts in CPU tasks: the model actor's CPU does nothing its GPU waits on
     found = segmented.map_batches(encode_masks, batch_size=None, batch_format="pyarrow", num_cpus=1)
     t0, last, first, after_first, busy = time.perf_counter(), 0.0, None, 0, 0.0
@@ -256,14 +259,17 @@ def _run_with_ray(ray, todo: list[str], out, device: str, actors: int | None, ba
         out.flush()  # what came back is committed: the next run goes on from there
         raise worker_error(e) from None
     out.flush()
-    return {"actors": actors, "first_at": first, "after_first": after_first, "busy_after_first": busy}
+    return {"actors": actors, "actor_cpus": actor_cpus, "first_at": first, "after_first": after_first,
+            "busy_after_first": busy}
 
 
-def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors: int | None, batch_size: int):
+def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors: int | None, batch_size: int,
+                    actor_cpus: int | None = None):
     """`decoded` through `model(**kwargs)` in a pool of actors: for a CUDA package one per GPU of the cluster unless
     `actors` says otherwise, each holding one GPU (Ray gives each its own in CUDA_VISIBLE_DEVICES, so the package's
-    "cuda" is that GPU and no GPU holds two copies); for a CPU package, CPU actors (default one). Returns the
-    dataset and the actor count."""
+    "cuda" is that GPU and no GPU holds two copies) and `actor_cpus` CPUs (default: a quarter of the cluster's CPUs
+    per actor, at most GPU_ACTOR_CPUS); for a CPU package, CPU actors (default one) of one CPU. Returns the dataset,
+    the actor count and each actor's CPUs."""
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
     if device == "cuda" and not gpus:
@@ -271,7 +277,13 @@ def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors
                           "with a device=cpu package")
     actors = actors or (gpus if device == "cuda" else 1)
     cpus = int(resources.get("CPU", 1))
-    actor_cpus = max(1, min(GPU_ACTOR_CPUS, cpus // (4 * actors))) if device == "cuda" else 1
+    if device != "cuda":
+        actor_cpus = 1
+    elif actor_cpus is None:
+        actor_cpus = max(1, min(GPU_ACTOR_CPUS, cpus // (4 * actors)))
+    elif actor_cpus * actors >= cpus:
+        raise ConfigError(f"{actors} actor(s) of {actor_cpus} CPUs leave none of the cluster's {cpus} for the "
+                          "decoding: give --actor-cpus fewer")
     say(f"Ray {ray.__version__}: {actors} {'GPU' if device == 'cuda' else 'CPU'} actor(s) of {actor_cpus} CPU(s), "
         f"{cpus} CPUs in all for them and the decoding, batches of {batch_size}")
     # On a GPU, batches queue at each actor (their pixels are there when the model is free: Ray's pattern for batch
@@ -283,4 +295,4 @@ def on_model_actors(ray, decoded, model: type, kwargs: dict, device: str, actors
         if device == "cuda" else ray.data.ActorPoolStrategy(size=actors)
     found = decoded.map_batches(model, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
                                 compute=pool, num_gpus=1 if device == "cuda" else 0, num_cpus=actor_cpus)
-    return found, actors
+    return found, actors, actor_cpus

@@ -184,6 +184,7 @@ SCHEMA = {
         "copies": (*_int(1, 1000), OPTIONAL),
         "prompt": ((lambda v: isinstance(v, str) and v.strip() != ""), "a noun phrase", REQUIRED),
         "batch_size": (*_int(1, 1024), REQUIRED),
+        "actor_cpus": (*_int(1, 1024), OPTIONAL),
     }, OPTIONAL),
     "parity": ({"tolerances": ({"*": (PARITY_PRECISIONS, PARITY_TOLERANCES)}, REQUIRED)}, REQUIRED),
     "render": ({

@@ -87,7 +87,7 @@ def run(settings: Settings) -> None:
     try:
         with GpuBusy() as busy:
             summary = segment(str(folder), output, [opts["prompt"]], str(paths.package),
-                              batch_size=opts["batch_size"], part_images=images)
+                              batch_size=opts["batch_size"], actor_cpus=opts.get("actor_cpus"), part_images=images)
     finally:
         shutil.rmtree(output, ignore_errors=True)
     reference, column = bench_rate(paths)
@@ -97,6 +97,7 @@ def run(settings: Settings) -> None:
         "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")}, "large_width": opts["large_width"],
         "files_written": opts["images"], "copies": copies,
         "prompt": opts["prompt"], "batch_size": opts["batch_size"], "actors": summary["actors"],
+        "actor_cpus": summary["actor_cpus"],
         "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"], "startup": summary["startup"],
         "images_per_second": summary["images_per_second"], "steady_images_per_second": summary["steady_images_per_second"],
         "bench_16x1_images_per_second": reference, "bench_column": column,
@@ -121,7 +122,7 @@ def run(settings: Settings) -> None:
              f"{collection['png']} PNG; short side {opts['min_side']} px and up, {collection['large']} of them "
              f"{opts['large_width']} px wide) and {opts['broken']} broken files ({data['failed']} listed as errors), "
              f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
-             f"{data['actors']} model actor(s); reading, decoding, upsampling, run-length encoding and Parquet "
+             f"{data['actors']} model actor(s) of {data['actor_cpus']} CPU(s); reading, decoding, upsampling, run-length encoding and Parquet "
              "included. 'Running' leaves out Ray's start and the package's load (until the first results); the "
              f"GPU's busy share is nvidia-smi's utilization over the same span; calls in flight: an actor's calls under way, "
              "on average over that span (a GPU actor overlaps two; fewer: it waited for batches). "
