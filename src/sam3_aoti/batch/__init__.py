@@ -3,6 +3,6 @@ folder, a glob, a list, a bucket prefix) on Ray Data, into a resumable Parquet d
 never imports it (import-linter)."""
 
 from .engine import segment
-from .worker import Segmenter, decode_batch, encode_masks
+from .worker import OverlappingSegmenter, Segmenter, decode_batch, encode_masks
 
-__all__ = ["Segmenter", "decode_batch", "encode_masks", "segment"]
+__all__ = ["OverlappingSegmenter", "Segmenter", "decode_batch", "encode_masks", "segment"]

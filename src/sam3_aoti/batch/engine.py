@@ -142,8 +142,8 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         todo = [s for s in sources if s not in out.done]
         say(f"{len(sources)} images in {collection}: {len(sources) - len(todo)} done by an earlier run, "
             f"{len(todo)} to segment")
-        ran = {"actors": 0, "actor_cpus": None, "first_at": None, "after_first": 0, "busy_after_first": 0.0, "ray_at": None,
-               "ray_up_at": None}
+        ran = {"actors": 0, "actor_cpus": None, "first_at": None, "after_first": 0, "busy_after_first": 0.0,
+               "ray_at": None, "ray_up_at": None}
         if todo:
             ran = _run_on_ray(todo, out, device, ray_address, actors, actor_cpus, batch_size, dict(
                 package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],

@@ -111,7 +111,8 @@ def run(settings: Settings) -> None:
              data["images_per_second"], data["steady_images_per_second"], dash(reference),
              dash(data["gpu_busy_share"]))
     table = Table("segment over a folder", ["images", "seconds (start-up)", "images/s overall", "images/s running",
-                                            "bench 16 x 1 images/s", "share of bench", "GPU busy", "calls in flight per actor"],
+                                            "bench 16 x 1 images/s", "share of bench", "GPU busy",
+                                            "calls in flight per actor"],
                   [[data["images"], f"{data['seconds']:.1f} ({data['startup_seconds']:.1f})",
                     f"{data['images_per_second']:.2f}", f"{data['steady_images_per_second']:.2f}",
                     dash(reference), dash(data["share_of_bench"] and f"{data['share_of_bench']:.0%}"),
@@ -122,10 +123,11 @@ def run(settings: Settings) -> None:
              f"{collection['png']} PNG; short side {opts['min_side']} px and up, {collection['large']} of them "
              f"{opts['large_width']} px wide) and {opts['broken']} broken files ({data['failed']} listed as errors), "
              f"prompt {opts['prompt']!r}, batches of {opts['batch_size']}, "
-             f"{data['actors']} model actor(s) of {data['actor_cpus']} CPU(s); reading, decoding, upsampling, run-length encoding and Parquet "
-             "included. 'Running' leaves out Ray's start and the package's load (until the first results); the "
-             f"GPU's busy share is nvidia-smi's utilization over the same span; calls in flight: an actor's calls under way, "
-             "on average over that span (a GPU actor overlaps two; fewer: it waited for batches). "
+             f"{data['actors']} model actor(s) of {data['actor_cpus']} CPU(s); reading, decoding, upsampling, "
+             "run-length encoding and Parquet included. 'Running' leaves out Ray's start and the package's load "
+             "(until the first results); the GPU's busy share is nvidia-smi's utilization over the same span; calls in "
+             "flight: an actor's calls under way, on average over that span (a GPU actor overlaps two; fewer: it "
+             "waited for batches). "
              f"Bench column: {dash(column)}.",
              "Start-up, s: " + (", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v}"
                                           for k, v in data["startup"].items()) if data["startup"] else "-") + "."]
