@@ -135,6 +135,25 @@ def test_images_are_read_as_a_viewer_shows_them(tmp_path):
     assert image_reader.array_to_rgb8(np.full((3, 4), 65535, np.uint16))[0, 0].tolist() == [255, 255, 255]
 
 
+def test_segment_reads_each_image_as_the_bytes_of_predicts_array(tmp_path):
+    """`decode_image(..., as_bytes=True)` (segment's decoding: no array, no copies) gives the bytes and size of
+    `read_image`'s array for every kind of file the reader converts."""
+    portrait = Image.new("RGB", (40, 20), (200, 10, 10))
+    exif = portrait.getexif()
+    exif[0x0112] = 6
+    portrait.save(tmp_path / "phone.jpg", exif=exif)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (30, 41, 3), dtype=np.uint8)).save(tmp_path / "rgb.png")
+    Image.fromarray(rng.integers(0, 256, (30, 41, 3), dtype=np.uint8)).save(tmp_path / "rgb.jpg")
+    Image.fromarray(rng.integers(0, 65536, (9, 8), dtype=np.uint16)).save(tmp_path / "g16.png")
+    Image.fromarray(rng.integers(0, 256, (9, 8, 4), dtype=np.uint8), mode="RGBA").save(tmp_path / "rgba.png")
+    Image.new("CMYK", (8, 6), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")
+    Image.fromarray(rng.integers(0, 256, (9, 8), dtype=np.uint8)).convert("P").save(tmp_path / "palette.png")
+    for path in sorted(tmp_path.iterdir()):
+        array = image_reader.read_image(path)
+        assert image_reader.decode_image(path, path, as_bytes=True) == (array.tobytes(), array.shape[:2]), path.name
+
+
 @pytest.mark.parametrize("text", ["nan,0,10,10", "0,0,inf,10", "0,0,10", "a,b,c,d"])
 def test_a_box_that_is_not_four_finite_numbers_is_one_line(text):
     from sam3_aoti.runtime.exemplars import parse_box

@@ -611,14 +611,15 @@ def session_members(sid: int) -> list[int]:
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_the_driver_commits_what_came_back_ends_its_ray_and_exits_130(package_path, tmp_path, how):
-    run, out, _ = run_until_a_part(package_path, tmp_path, copies=3)
+    # many images past the first part, so the run is still going when the signal comes, however fast it decodes
+    run, out, _ = run_until_a_part(package_path, tmp_path, copies=8)
     assert len(session_members(run.pid)) > 1  # the driver and the Ray it started
     run.send_signal(how)  # the driver alone: its Ray is its business
     _, err = run.communicate(timeout=180)
     assert run.returncode == 130 and err.strip().splitlines()[-1] == "sam3-aoti: interrupted", err[-3000:]
     assert "Traceback" not in err
     wait_for(lambda: not session_members(run.pid), timeout=30)  # nothing of the run or its Ray is left
-    assert 0 < len(committed_sources(out)) < 3 * len(PHOTOS)
+    assert 0 < len(committed_sources(out)) < 8 * len(PHOTOS)
 
 
 def test_a_part_holds_each_instance_of_each_image_as_the_rows_say(tmp_path):

@@ -136,9 +136,10 @@ def read_source(name: str) -> bytes:
     return data
 
 
-def decode(name: str, sha256: str | None = None):
+def decode(name: str, sha256: str | None = None, as_bytes: bool = False):
     """HxWx3 uint8 RGB of one collection member, as `predict` reads a file (`images.decode_image`); with `sha256`,
-    only if its bytes are those (the exemplar image a run's settings name by content)."""
+    only if its bytes are those (the exemplar image a run's settings name by content); `as_bytes`: its bytes and
+    (H, W) instead of the array."""
     import hashlib
 
     from ..runtime.images import decode_image
@@ -147,5 +148,5 @@ def decode(name: str, sha256: str | None = None):
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
         raise ConfigError(f"{name} changed since the run began (its sha256 is not the one in segment.json): "
                           "put the exemplar image back, or start a new --output")
-    return decode_image(io.BytesIO(data), name)
+    return decode_image(io.BytesIO(data), name, as_bytes)
 

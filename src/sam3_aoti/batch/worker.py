@@ -15,22 +15,36 @@ from .schemas import decoded_schema, found_schema
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
     HxWx3 uint8 bytes), `width`, `height`; a file that cannot be segmented gets its one-line reason in `error`
-    instead (not an image, truncated, too small), and the rest go on."""
+    instead (not an image, truncated, too small), and the rest go on. Each image's bytes become its pixels as they
+    are, a chunk of the column (no copy into one buffer: a 4000 px JPEG took 96-118 ms so, 34 of them decoding)."""
+    import pyarrow as pa
+
     from .sources import decode
 
-    out = {"source": [], "pixels": [], "width": [], "height": [], "error": []}
+    out = {"source": [], "width": [], "height": [], "error": []}
+    chunks = []
     for source in batch["source"]:
         source = str(source)
         try:
-            image = decode(source)
-            pixels, (height, width), error = image.tobytes(), image.shape[:2], ""
+            pixels, (height, width) = decode(source, as_bytes=True)
+            error = ""
         except Sam3AotiError as e:
             pixels, height, width, error = b"", 0, 0, str(e)
-        for key, value in zip(out, (source, pixels, width, height, error)):
+        chunks.append(one_value(pa.py_buffer(pixels)))
+        for key, value in zip(out, (source, width, height, error)):
             out[key].append(value)
+    schema = decoded_schema()
+    columns = {name: pa.array(values, schema.field(name).type) for name, values in out.items()}
+    columns["pixels"] = pa.chunked_array(chunks, schema.field("pixels").type)
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def one_value(buffer):
+    """A large_binary Arrow array of one value whose bytes are `buffer` itself."""
     import pyarrow as pa
 
-    return pa.Table.from_pydict(out, schema=decoded_schema())
+    offsets = pa.array([0, buffer.size], pa.int64()).buffers()[1]
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, buffer])
 
 
 def columns_of(batch) -> tuple:

@@ -28,9 +28,20 @@ def _grey_to_rgb8(grey, top: float):
 def to_rgb8(image):
     """HxWx3 uint8 RGB from a PIL image of any mode, oriented as its EXIF says."""
     import numpy as np
-    from PIL import Image, ImageOps
 
-    image = ImageOps.exif_transpose(image)
+    shown = as_shown(image)
+    return shown if isinstance(shown, np.ndarray) else np.array(shown)
+
+
+def as_shown(image):
+    """A PIL image of any mode as a viewer shows it: an RGB PIL image oriented as its EXIF says (`image` itself
+    where nothing changes: a 4000 px photograph is not copied twice on its way to bytes), or, for 16- and 32-bit
+    greys, the HxWx3 uint8 array."""
+    import numpy as np
+    from PIL import ExifTags, Image, ImageOps
+
+    if image.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+        image = ImageOps.exif_transpose(image)
     if image.mode in WIDE_GREYS:
         grey = np.asarray(image, dtype=np.float64)
         if image.mode.startswith("I;16") or (image.mode == "I" and grey.max() <= 65535):
@@ -46,7 +57,17 @@ def to_rgb8(image):
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, rgba)
-    return np.array(image.convert("RGB"))
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def rgb8_bytes(image) -> tuple[bytes, tuple[int, int]]:
+    """`to_rgb8(image)`'s bytes (HxWx3, row-major) and (H, W), without the array: one pass from PIL's memory."""
+    import numpy as np
+
+    shown = as_shown(image)
+    if isinstance(shown, np.ndarray):
+        return shown.tobytes(), shown.shape[:2]
+    return shown.tobytes(), (shown.height, shown.width)
 
 
 def array_to_rgb8(array):
@@ -90,15 +111,15 @@ def read_image(path: Path):
         raise PackageError(f"{path} is a folder, not an image: pass a PNG/JPEG/TIFF file") from None
 
 
-def decode_image(source, where):
+def decode_image(source, where, as_bytes: bool = False):
     """`read_image` of a path or an open binary file (bytes read from a bucket: `io.BytesIO`); `where` names it in
-    the one-line error."""
+    the one-line error. `as_bytes`: `rgb8_bytes`'s (bytes, (H, W)) instead of the array."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(source) as image:
             check_size(where, image.width, image.height)
-            return to_rgb8(image)
+            return rgb8_bytes(image) if as_bytes else to_rgb8(image)
     except (FileNotFoundError, IsADirectoryError):
         raise
     except Image.DecompressionBombError:
