@@ -15,8 +15,9 @@ from .schemas import decoded_schema, found_schema
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
     HxWx3 uint8 bytes), `width`, `height`; a file that cannot be segmented gets its one-line reason in `error`
-    instead (not an image, truncated, too small), and the rest go on. Each image's bytes become its pixels as they
-    are, a chunk of the column (no copy into one buffer: a 4000 px JPEG took 96-118 ms so, 34 of them decoding)."""
+    instead (not an image, truncated, too small), and the rest go on. Each image's bytes, as PIL writes them, are
+    its value in the column, a chunk of its own: no array, no copy into one buffer (47-49 ms an image of
+    throughput's collection before, 39 after: benchmarks/cpu-2026-12-05-decode/)."""
     import pyarrow as pa
 
     from .sources import decode
