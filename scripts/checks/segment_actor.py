@@ -128,7 +128,8 @@ def main() -> None:
     result = {"package": str(args.package), "images": len(sources), "batch": args.batch, "prompt": args.prompt,
               "instances": instances, "decode_ms_per_image_one_core": round(decode_s / len(sources) * 1e3, 1),
               "load_s": round(load_s, 2), "first_call_s": round(first_call_s, 2),
-              "ms_per_image": round(as_run * 1e3, 2), "ms_per_image_overlapping": round(overlapped_s * 1e3, 2), "overlapping_gives_the_same_rows": same_rows,
+              "ms_per_image": round(as_run * 1e3, 2), "ms_per_image_overlapping": round(overlapped_s * 1e3, 2),
+              "overlapping_gives_the_same_rows": same_rows,
               "encode_masks_ms_per_image_one_core": round(encode_s * 1e3, 2),
               "ms_per_image_with_steps_synchronized": round(stepped * 1e3, 2), "steps_ms_per_image": steps}
     args.out.mkdir(parents=True, exist_ok=True)
