@@ -275,7 +275,8 @@ class S3Server:
             self.proc.wait(timeout=30)
 
 
-def overlapping_calls_give_each_batchs_rows(package: str, prompts: list, threshold: float, batches: list):
+def overlapping_calls_give_each_batchs_rows(package: str, prompts: list, threshold: float, batches: list,
+                                            batch_size: int | None = None):
     """Asserts that `OverlappingSegmenter`'s calls, two under way at once on one event loop as a GPU actor of segment
     runs them, give each batch the rows `Segmenter` gives it alone (all but `seconds`, the call's own time)."""
     import asyncio
@@ -283,8 +284,8 @@ def overlapping_calls_give_each_batchs_rows(package: str, prompts: list, thresho
     from sam3_aoti.batch import Segmenter
     from sam3_aoti.batch.worker import OverlappingSegmenter
 
-    alone = Segmenter(package, prompts, threshold)
-    overlapping = OverlappingSegmenter(package, prompts, threshold)
+    alone = Segmenter(package, prompts, threshold, batch_size=batch_size)
+    overlapping = OverlappingSegmenter(package, prompts, threshold, batch_size=batch_size)
 
     async def both():
         gate = asyncio.Semaphore(2)

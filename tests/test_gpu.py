@@ -227,8 +227,8 @@ def test_images_of_one_size_reach_the_gpu_in_one_copy_and_come_back_as_each_imag
 @pytest.mark.gpu
 def test_overlapping_segment_calls_on_cuda_give_each_batchs_own_rows(tmp_path):
     """A GPU actor's calls overlap (the next batch's model queued behind this one's, the masks on a stream of their
-    own, the outputs of one CUDA graph per shape): each batch still gets the rows it gets alone. On this checkout's
-    tiny CUDA build (`doit device=cuda`), where one exists."""
+    own, the outputs of one CUDA graph per shape, short batches padded): each batch still gets the rows it gets
+    alone. On this checkout's tiny CUDA build (`doit device=cuda`), where one exists."""
     from sam3_aoti.batch import decode_batch
     from sam3_aoti.measure.collection import write_collection
 
@@ -239,3 +239,5 @@ def test_overlapping_segment_calls_on_cuda_give_each_batchs_own_rows(tmp_path):
     decoded = decode_batch({"source": sorted(str(p) for p in tmp_path.iterdir() if p.suffix in (".jpg", ".png"))})
     batches = [decoded.slice(0, 4), decoded.slice(4, 4), decoded.slice(8, 3), decoded.slice(11)]
     overlapping_calls_give_each_batchs_rows(str(path), ["a person", "a cat"], 0.2, batches)
+    # the short batches padded to 4 on the graphs' device, as segment runs them
+    overlapping_calls_give_each_batchs_rows(str(path), ["a person", "a cat"], 0.2, batches, batch_size=4)

@@ -95,7 +95,7 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     t0 = time.perf_counter()
-    segmenter = OverlappingSegmenter(str(args.package), [args.prompt])
+    segmenter = OverlappingSegmenter(str(args.package), [args.prompt], batch_size=args.batch)  # as segment makes it
     load_s = time.perf_counter() - t0
     batches = [decoded.slice(i, args.batch) for i in range(0, len(sources), args.batch)]  # Arrow, as Ray hands them
     t0 = time.perf_counter()

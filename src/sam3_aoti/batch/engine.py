@@ -148,7 +148,7 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
             ran = _run_on_ray(todo, out, device, ray_address, actors, actor_cpus, batch_size, dict(
                 package=spec, prompts=list(prompts), threshold=threshold, boxes=[list(b) for b in boxes],
                 labels=list(labels), boxes_on=boxes_on, sha256=None if isinstance(spec, dict) else digest,
-                trust=trust, boxes_on_sha256=settings.get("boxes_on_sha256")))
+                trust=trust, boxes_on_sha256=settings.get("boxes_on_sha256"), batch_size=batch_size))
     finally:
         out.close()
     seconds = time.perf_counter() - t0

@@ -129,11 +129,12 @@ class Segmenter:
     image of `schemas.INSTANCE_FIELDS`). `package`: a path (checked against `sha256` or the `.sha256` beside it), or
     `{"cache", "ref", "trusted", "sha256"}` (pulled on each machine). Exemplar `boxes` (pixel corners,
     `labels` 1 or 0) are drawn on the image `boxes_on` (whose bytes must have `boxes_on_sha256`, when given) and
-    searched for in every image. On a GPU the model
-    replays a CUDA graph per batch shape."""
+    searched for in every image. On a GPU the model replays a CUDA graph per batch shape, batches short of
+    `batch_size` padded to it."""
 
     def __init__(self, package, prompts=(), threshold: float = 0.5, boxes=(), labels=(), boxes_on: str | None = None,
-                 sha256: str | None = None, trust: bool = False, boxes_on_sha256: str | None = None):
+                 sha256: str | None = None, trust: bool = False, boxes_on_sha256: str | None = None,
+                 batch_size: int | None = None):
         import torch
 
         from ..runtime.contract import VISUAL_PROMPT
@@ -150,6 +151,10 @@ class Segmenter:
         self.device = package_device(self.package.metadata)
         self.prompts = list(prompts) or [VISUAL_PROMPT]
         self.masks_stream = None  # where the masks are made: the current stream
+        # Where the model replays a CUDA graph per batch shape, a batch short of `batch_size` (a file that did not
+        # decode, the last batch) is padded to it: one graph serves every batch, where each new count would cost a
+        # capture (three runs of the model) in the middle of the run.
+        self.pad_to = batch_size if self.package.cuda_graphs == "on" else None
         self.threshold = threshold
         self.exemplars = None
         with torch.inference_mode():
@@ -188,7 +193,8 @@ class Segmenter:
                 warnings.filterwarnings("ignore", "The given buffer is not writable")
                 pixels = transformed(self.package.transforms, [pixels_in_place(pixel_bytes[i], *sizes[i])
                                                                for i in good], self.device)
-                outputs = run_prompts(self.package, pixels, self.token_ids, self.exemplars)
+                outputs = run_prompts(self.package, padded(pixels, self.pad_to), self.token_ids, self.exemplars)
+                outputs = tuple(o[:len(good) * len(self.token_ids)] for o in outputs)  # the padding's pairs left out
             kept = yield from batch_instances_steps(outputs, self.prompts, [sizes[i] for i in good], self.threshold,
                                                     self.masks_stream)
             for i, image in zip(good, kept):
@@ -201,6 +207,15 @@ class Segmenter:
             "height": [h for h, _ in sizes], "error": [str(e) for e in errors],
             "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
             "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())
+
+
+def padded(pixels, size: int | None):
+    """`pixels [N, 3, S, S]` with zero images after them up to `size` (as they are when N is not below it)."""
+    import torch
+
+    if not size or pixels.shape[0] >= size:
+        return pixels
+    return torch.cat([pixels, pixels.new_zeros((size - pixels.shape[0], *pixels.shape[1:]))])
 
 
 class OverlappingSegmenter(Segmenter):
