@@ -204,6 +204,7 @@ def main() -> None:
     if args.interpret:
         return interpret()
     from sam3_aoti.measure.timing import time_calls
+    from sam3_aoti.pipeline.report import Report, Table, write_report
 
     args.out.mkdir(parents=True, exist_ok=True)
     tokens = args.images * TOKENS_PER_IMAGE
@@ -233,19 +234,19 @@ def main() -> None:
             row["error"] = str(e).splitlines()[0][:200]
         results["fused"].append(row)
         print(json.dumps(row), flush=True)
-    (args.out / "fp8-fc1-fused.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = [f"# fc1 + bias + GELU + 1 x 128 group quantization in one fp8 GEMM, {tokens} x {WIDTH} -> {HIDDEN} "
-             f"({results['gpu']}, torch {results['torch']}, Triton {results['triton']})", "",
-             f"Today (cuBLAS rowwise fp8 GEMM, then the GELU group kernel): {results['today_ms']} ms. Floors: the fp8 "
+    rows = [[r["kernel"], r["block_m"], r["block_k"], r["num_warps"], r["num_stages"],
+             *([r["ms"], r["tflops"], f"{r['values_differing']} ({r['values_differing_share']:.1e})",
+                f"{r['scales_max_relative_difference']:.1e}"] if "ms" in r else [r["error"], "", "", ""])]
+            for r in results["fused"]]
+    table = Table("Every launch shape", ["kernel", "BLOCK_M", "BLOCK_K", "warps", "stages", "ms", "TFLOP/s",
+                                         "values differing", "scales' max rel. difference"], rows)
+    notes = [f"Today (cuBLAS rowwise fp8 GEMM, then the GELU group kernel): {results['today_ms']} ms. Floors: the fp8 "
              f"GEMM alone {results['fp8_gemm_ms']} ms, the bf16 GEMM alone (with its bias) {results['bf16_gemm_ms']} "
-             "ms.", "", "| kernel | BLOCK_M | BLOCK_K | warps | stages | ms | TFLOP/s | values differing | scales' max "
-             "rel. difference |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in results["fused"]:
-        lines.append(f"| {r['kernel']} | {r['block_m']} | {r['block_k']} | {r['num_warps']} | {r['num_stages']} | "
-                     + (f"{r['ms']} | {r['tflops']} | {r['values_differing']} ({r['values_differing_share']:.1e}) | "
-                        f"{r['scales_max_relative_difference']:.1e} |" if "ms" in r else f"{r['error']} | | | |"))
-    (args.out / "fp8-fc1-fused.md").write_text("\n".join(lines) + "\n")
-
+             "ms."]
+    title = (f"fc1 + bias + GELU + 1 x 128 group quantization in one fp8 GEMM, {tokens} x {WIDTH} -> {HIDDEN} "
+             f"({results['gpu']}, torch {results['torch']}, Triton {results['triton']})")
+    write_report(Report(title, notes, None, [table], data=results), args.out / "fp8-fc1-fused.json",
+                 args.out / "fp8-fc1-fused.md")
 
 if __name__ == "__main__":
     main()

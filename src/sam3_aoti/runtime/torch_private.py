@@ -7,7 +7,6 @@ spec and tree functions, and the version shims. Each is a thin wrapper; what the
 from __future__ import annotations
 
 import contextlib
-
 import shutil
 from pathlib import Path
 
