@@ -9,7 +9,7 @@ Each variant (profile, precision, device) builds in its own folder: artifacts/<p
 import os
 import shutil
 
-from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, relative, stage_task, weights_inputs
+from tasks import ENV_FILE, PATHS, SETTINGS, SummaryReporter, check_artifacts, off, relative, stage_task, weights_inputs
 from tasks.cache import push_built
 from tasks.runs import RecordedChecksums, guard
 from sam3_aoti.pipeline.paths import DEFAULT_CASES, PIN_TABLE, ToolchainPaths
@@ -24,11 +24,14 @@ DOIT_CONFIG = {
     "reporter": SummaryReporter,
     "action_string_formatting": "new",
     "check_file_uptodate": RecordedChecksums,  # the manifest's sha256 where it has one (no second hash of GBs)
-    # Two tasks at once, in threads (each stage is a process of its own): the fallback beside compile.
-    "num_process": 2,
+    # Every task that is ready at once, in threads (each stage is a process of its own): beside model's export and
+    # compile, the build's longest path, the eager reference, the parts' export and compile, and the fallback and
+    # its measurement, which step back for that path (tasks.runs.BESIDE).
+    "num_process": 5,
     "par_type": "thread",
 }
 RecordedChecksums.manifest = PATHS.manifest
+PROGRAM_DIGESTS = [PATHS.program_digest, *([PATHS.parts_digest] if SETTINGS.split else [])]  # every program's digest
 guard(PATHS.root)  # one run per variant; leftovers of killed runs removed; doit's state saved per task
 
 
@@ -53,8 +56,17 @@ def task_export():
                       PATHS.checkpoint_files, [PATHS.exported, PATHS.program_digest])
 
 
+def task_export_parts():
+    # Beside model's compile, which so starts before the parts are traced.
+    if not SETTINGS.split:
+        return off("The model in parts", f"profile={SETTINGS.profile} is not in [export] split", "export_parts is off")
+    return stage_task("export_parts", "torch.export the model's parts (encode_image, encode_text, encode_boxes, decode)",
+                      PATHS.checkpoint_files, [PATHS.exported_parts, PATHS.parts_digest],
+                      export=SETTINGS.stage("export"))
+
+
 def task_fallback():
-    # Beside compile (doit runs two tasks at once): it reads the export, and only package reads it.
+    # Beside compile (after export, so that model's export has the cores first); only package reads it.
     return stage_task("fallback", "The exported programs with the custom ops in torch ops: the fallback torch alone loads",
                       [PATHS.exported, *PATHS.checkpoint_files], [PATHS.exported_portable],
                       export=SETTINGS.stage("export"))
@@ -63,7 +75,7 @@ def task_fallback():
 def task_fallback_drift():
     # Beside compile too: what verify would otherwise load and measure after the package.
     return stage_task("fallback_drift", "The fallback read back and measured against eager on verify's inputs",
-                      [PATHS.exported_portable, PATHS.program_digest, *PATHS.checkpoint_files, PATHS.tokenizer_merges,
+                      [PATHS.exported_portable, *PROGRAM_DIGESTS, *PATHS.checkpoint_files, PATHS.tokenizer_merges,
                        PATHS.reference_index, DEFAULT_CASES], [PATHS.fallback_drift],
                       inputs=compared_shapes(SETTINGS))
 
@@ -72,11 +84,9 @@ def task_tune():
     # Once per GPU model, torch/Triton version and graph: the program digest and the GPU are its inputs.
     if not SETTINGS.tuned:
         why = "device=cpu" if SETTINGS.device != "cuda" else "[tune] enabled = false in pipeline.toml"
-        return {"doc": f"Inductor autotuning for compile (off here: {why})",
-                "actions": [lambda: print(f"sam3-aoti: tuning is off ({why}): compile uses [compile] options only")],
-                "uptodate": [False], "verbosity": 2}
+        return off("Inductor autotuning for compile", why, "tuning is off", "compile uses [compile] options only")
     return stage_task("tune", "Inductor autotuning (GEMM templates, kernel configs), kept for every later compile",
-                      [PATHS.program_digest, ENV_FILE], [PATHS.tuning_index],
+                      [*PROGRAM_DIGESTS, ENV_FILE], [PATHS.tuning_index],
                       gpu=gpu_model(), triton=package_version("triton"), compile=SETTINGS.stage("compile"))
 
 
@@ -86,16 +96,27 @@ def task_compile():
     # target of toolchain) names the toolkit and the versions that shape the compiled code; a tuned
     # compile also reads the tune stage's results.
     tuning = [PATHS.tuning_index] if SETTINGS.tuned else []
-    return stage_task("compile", "AOTInductor-compile both programs into code without weights (the slow part)",
+    return stage_task("compile", "AOTInductor-compile model and transforms into code without weights (the slow part)",
                       [PATHS.program_digest, ENV_FILE, *tuning], [PATHS.compiled_index],
                       tuned=SETTINGS.tuned, tune=SETTINGS.stage("tune") if SETTINGS.tuned else None)
+
+
+def task_compile_parts():
+    # Beside compile, as soon as the parts are exported; keyed the same way, by the parts' program digest.
+    if not SETTINGS.split:
+        return off("The model in parts", f"profile={SETTINGS.profile} is not in [export] split", "compile_parts is off")
+    tuning = [PATHS.tuning_index] if SETTINGS.tuned else []
+    return stage_task("compile_parts", "AOTInductor-compile the model's parts into code without weights",
+                      [PATHS.parts_digest, ENV_FILE, *tuning], [PATHS.compiled_parts_index],
+                      compile=SETTINGS.stage("compile"), tuned=SETTINGS.tuned,
+                      tune=SETTINGS.stage("tune") if SETTINGS.tuned else None)
 
 
 def task_package():
     return stage_task("package", "Compiled code + current weights (one copy) -> sam3.pt2; exported fallback beside it",
                       [PATHS.compiled_index, PATHS.exported, PATHS.exported_portable, PATHS.program_digest,
-                       PATHS.tokenizer_merges,
-                       *PATHS.checkpoint_files],
+                       *([PATHS.compiled_parts_index, PATHS.exported_parts, PATHS.parts_digest] if SETTINGS.split else []),
+                       PATHS.tokenizer_merges, *PATHS.checkpoint_files],
                       [PATHS.package, PATHS.fallback_package, *map(digest_file, [PATHS.package, PATHS.fallback_package])])
 
 

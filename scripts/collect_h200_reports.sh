@@ -31,6 +31,8 @@ for run in bf16 fp32 parity fast tuned fp8 o0 loader split segment fresh; do  # 
     copy "$variant/parity/parity.md" "parity-$run.md"
     copy "$variant/parity/parity.json" "parity-$run.json"
     [[ -f $staging/$variant/compiled/index.json ]] && compile_facts "$staging/$variant/compiled/index.json" "$dest/compile-$run.json"
+    [[ -f $staging/$variant/compiled_parts/index.json ]] && compile_facts "$staging/$variant/compiled_parts/index.json" \
+        "$dest/compile-parts-$run.json"
     copy "$variant/tuning/index.json" "tuning-$run.json"
     copy "$run/toolchain/doctor.json" "doctor-$run.json"
     copy "$run/toolkit.txt" "toolkit-$run.txt"

@@ -468,8 +468,8 @@ pack() {
         mkdir -p "$staging/${name//\//_}"
         (cd "$root" && find . -path '*/reference' -prune -o -path '*/parity/sam3.pt' -prune -o -type f \
             \( -path '*/verify/*' -o -path '*/bench/*' -o -path '*/parity/*' -o -path '*/logs/*' -o -name 'throughput.*' \
-            -o -path '*/compiled/index.json' -o -path '*/tuning/index.json' \
-            -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json \) -print0 | tar --null -T - -cf -) \
+            -o -path '*/compiled/index.json' -o -path '*/compiled_parts/index.json' -o -path '*/tuning/index.json' \
+            -o -name manifest.json -o -name doctor.json -o -name cuda.env -o -name program.json -o -name parts.json \) -print0 | tar --null -T - -cf -) \
             | tar -xf - -C "$staging/${name//\//_}"
         ls -l "$root"/*/package > "$staging/${name//\//_}/package-ls.txt" 2>/dev/null
         cp "${root%/artifacts}/toolkit.txt" "$staging/${name//\//_}/" 2>/dev/null

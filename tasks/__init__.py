@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from doit import get_var
@@ -29,8 +30,8 @@ from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
-from tasks.runs import (RUNNING, kill_group, low_disk, may_write_now, record_stage_group, stage_nice,  # noqa: E402
-                        stage_preexec)
+from tasks.runs import (RUNNING, kill_group, low_disk, may_write_now, nice_of, record_stage_group,  # noqa: E402
+                        stage_nice, stage_preexec)
 
 SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
@@ -191,7 +192,7 @@ def run_stage(name: str):
     raw_log = PATHS.log(name).with_suffix(".output.log")
     raw_log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(stage_command(name), cwd=linked(ROOT), env=stage_env(name), start_new_session=True,
-                            preexec_fn=stage_preexec(stage_nice()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=stage_preexec(nice_of(name)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace")
     RUNNING.append((name, proc))  # the probe runs beside the compile: both get a Ctrl-C
     record_stage_group(proc.pid)  # a session of its own: its group is the stage's pid
@@ -218,14 +219,14 @@ def run_stage(name: str):
 
 
 def build(name: str):
-    """A stage's action: for compile, the cache by content first; the stage; then its key in the manifest and,
+    """A stage's action: for a compile, the cache by content first; the stage; then its key in the manifest and,
     where this run pushes, its outputs in the cache (tasks.cache)."""
     from tasks import cache
 
-    if name == "compile":
-        if cache.open_cache() and cache.substitute("compile", cache.compile_content_key()):
+    if name in cache.COMPILES:
+        if cache.open_cache() and cache.substitute(name, cache.compile_content_key(name)):
             return None
-        failed = compile_with_probe()
+        failed = compile_with_probe(name)
     else:
         failed = run_stage(name)
     if failed or name not in cache.INPUTS:
@@ -237,24 +238,40 @@ def build(name: str):
     return None
 
 
-def compile_with_probe():
+PROBED: list = []  # the AOTI probe's result in this doit run (tasks run in threads of one process)
+PROBE_LOCK = threading.Lock()
+
+
+def probe_once():
+    """The AOTI probe, once per run: the first compile to ask runs it, the other waits for its result."""
+    with PROBE_LOCK:
+        if not PROBED:
+            PROBED.append(run_stage("probe"))
+        return PROBED[0]
+
+
+def compile_with_probe(name: str):
     """The AOTI probe beside the compile that really runs, not before it (a minute on a GPU, hidden behind the
     compile's five): a probe that finds the toolchain broken, and a fix, has the compile redone with the fix."""
-    import threading
-
     fix = ToolchainPaths.of(SETTINGS).probe_env
     before = fix.read_text() if fix.exists() else None
     probe: list = []
-    beside = threading.Thread(target=lambda: probe.append(run_stage("probe")))
+    beside = threading.Thread(target=lambda: probe.append(probe_once()))
     beside.start()
-    failed = run_stage("compile")
+    failed = run_stage(name)
     beside.join()
     if probe[0]:
         return probe[0]
     if (fix.read_text() if fix.exists() else None) != before:
-        print(f"sam3-aoti: the probe found a fix ({relative(fix)}): compiling again with it", file=sys.stderr)
-        failed = run_stage("compile")
+        print(f"sam3-aoti: the probe found a fix ({relative(fix)}): compiling {name} again with it", file=sys.stderr)
+        failed = run_stage(name)
     return failed
+
+
+def off(doc: str, why: str, what: str, instead: str = "nothing to do") -> dict:
+    """A stage that this variant does not run: its task says why, and does nothing."""
+    return {"doc": f"{doc} (off here: {why})", "actions": [lambda: print(f"sam3-aoti: {what} ({why}): {instead}")],
+            "uptodate": [False], "verbosity": 2}
 
 
 def substituted_task(name: str, doc: str, targets: list) -> dict:

@@ -2,10 +2,10 @@
 
 A stage's key is a hash of what its outputs are made from, computed without running anything: its
 fingerprint (its pipeline.toml table, profile, device, precision, versions), the content of every library
-module it imports, the keys of the stages it reads (derivation-style), and for `compile` the toolchain's
+module it imports, the keys of the stages it reads (derivation-style), and for the compiles the toolchain's
 facts; a user's checkpoint and the verify cases by content. So a machine knows the key of the package and
-of its verify report before any weights or export exist here. `compile` is also keyed by content: the
-program digest (program.json) instead of the export's key, so new weights of the same architecture
+of its verify report before any weights or export exist here. The compiles are also keyed by content: the
+program digest (program.json, parts.json) instead of the export's key, so new weights of the same architecture
 substitute the compiled code on every box.
 
 When doit loads with `cache=URL`, the package, its verify report and its pictures are substituted top-down
@@ -37,9 +37,15 @@ from sam3_aoti.runtime.files import sha256_once  # once per process and state of
 from . import PATHS, ROOT, SETTINGS, sources, weights_inputs
 
 KEY_FORMAT = "sam3-aoti-key/1"
+PARTS = ("export_parts", "compile_parts") if SETTINGS.split else ()  # the stages of the model in parts
 INPUTS = {"weights": (), "export": ("weights",), "fallback": ("weights", "export"), "compile": ("export",),
-          "package": ("weights", "export", "fallback", "compile"), "verify": ("package",), "render": ("package",)}
-CACHED = ("compile", "package", "verify", "render")  # what a cache holds: weights and export are rebuilt from inputs
+          **({"export_parts": ("weights",), "compile_parts": ("export_parts",)} if SETTINGS.split else {}),
+          "package": ("weights", "export", "fallback", "compile", *PARTS), "verify": ("package",),
+          "render": ("package",)}
+COMPILES = {"compile": "program_digest", "compile_parts": "parts_digest"}  # keyed by content: their program digest
+# What a cache holds: weights and the exports are rebuilt from inputs.
+CACHED = ("compile", *PARTS[1:], "package", "verify", "render")
+TABLES = {"export_parts": ("export",), "compile_parts": ("compile",)}  # pipeline.toml tables beside the stage's own
 SUBSTITUTED_AT_LOAD = ("package", "verify", "render")  # top-down; compile substitutes by content when it runs
 
 
@@ -49,7 +55,7 @@ def say(line: str) -> None:
 
 def units(stage: str) -> list[str]:
     """What a stage's cache entry holds, relative to the variant's folder (files, or folders taken whole)."""
-    paths = {"compile": [PATHS.compiled],
+    paths = {"compile": [PATHS.compiled], "compile_parts": [PATHS.compiled_parts],
              "package": [PATHS.package, PATHS.fallback_package, *map(_digest_file, [PATHS.package, PATHS.fallback_package])],
              "verify": [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html],
              "render": [PATHS.render_dir]}[stage]
@@ -57,8 +63,9 @@ def units(stage: str) -> list[str]:
 
 
 def recorded_outputs(stage: str) -> list[Path]:
-    """What the stage itself records in the manifest (compile: its index; the folder is checked through it)."""
-    return [PATHS.compiled_index] if stage == "compile" else [PATHS.root / u for u in units(stage)]
+    """What the stage itself records in the manifest (a compile: its index; the folder is checked through it)."""
+    return [PATHS.root / u / "index.json" for u in units(stage)] if stage in COMPILES else [
+        PATHS.root / u for u in units(stage)]
 
 
 def _digest_file(path: Path) -> Path:
@@ -98,8 +105,8 @@ def cases_digest() -> dict:
 
 
 def _common(stage: str) -> dict:
-    fingerprint = SETTINGS.fingerprint(stage)
-    if stage == "compile":
+    fingerprint = SETTINGS.fingerprint(stage, *TABLES.get(stage, ()))
+    if stage in COMPILES:
         fingerprint.update(tuned=SETTINGS.tuned, tune=SETTINGS.stage("tune") if SETTINGS.tuned else None)
     return {"format": KEY_FORMAT, "stage": stage, "fingerprint": fingerprint,
             "python": ".".join(platform.python_version_tuple()[:2]),
@@ -112,21 +119,21 @@ def derivation_key(stage: str) -> str:
     if stage == "weights":
         body["checkpoint"] = ({str(p.name): sha256_once(p) for p in weights_inputs(SETTINGS.weights)}
                               if SETTINGS.weights != "random" else "random")
-    if stage == "compile":
+    if stage in COMPILES:
         body["toolchain"] = toolchain_facts()
     if stage in ("verify", "render"):
         body["cases"] = cases_digest()
     return digest(body)
 
 
-def compile_content_key() -> str:
-    """compile by what it compiles: the program digest, not the weights' key (export must have run)."""
-    program = json.loads(PATHS.program_digest.read_text())["sha256"]
-    return digest({**_common("compile"), "program_sha256": program, "toolchain": toolchain_facts()})
+def compile_content_key(stage: str) -> str:
+    """A compile by what it compiles: its program digest, not the weights' key (its export must have run)."""
+    program = json.loads(getattr(PATHS, COMPILES[stage]).read_text())["sha256"]
+    return digest({**_common(stage), "program_sha256": program, "toolchain": toolchain_facts()})
 
 
 def key_of(stage: str) -> str:
-    return compile_content_key() if stage == "compile" else derivation_key(stage)
+    return compile_content_key(stage) if stage in COMPILES else derivation_key(stage)
 
 
 # --- the cache of this run ----------------------------------------------------------------------------------------
@@ -305,6 +312,6 @@ def push_built():
     except Sam3AotiError as e:  # the store gone, its bucket missing, a full disk, a read-only folder
         return TaskFailed(f"push failed after {', '.join(done) or 'nothing'}: {e}")
     if not done:
-        return TaskFailed(f"nothing built here is up to date for today's keys: run `uv run doit` first")
+        return TaskFailed("nothing built here is up to date for today's keys: run `uv run doit` first")
     say(f"pushed {', '.join(done)} to {cache.url}")
     return None

@@ -134,6 +134,10 @@ def may_write_now() -> bool:
 
 
 BUILD_NICE = 10  # how far a build's stages step back for the machine's other work ($SAM3_AOTI_NICE; 0: not at all)
+# The stages whose work only verify waits for step back further, so that on a machine of few cores the package's
+# own path (the exports and compiles) takes the cores first.
+BESIDE = ("reference", "fallback", "fallback_drift")
+BESIDE_NICE = 5
 
 
 def stage_nice() -> int:
@@ -146,6 +150,11 @@ def stage_nice() -> int:
     except ValueError:
         raise ConfigError(f"SAM3_AOTI_NICE={value!r} is not a whole number: set 0 to 19 (how far a build's "
                           "stages step back for other work), or unset it") from None
+
+
+def nice_of(stage: str) -> int:
+    """A stage's nice value: the build's (`stage_nice`), and for a stage only verify waits for, more."""
+    return min(19, stage_nice() + (BESIDE_NICE if stage in BESIDE else 0))
 
 
 def stage_preexec(nice: int):

@@ -107,14 +107,15 @@ def test_a_new_seed_substitutes_the_compiled_code_and_pushes_its_package(own_bui
     node = copy_build(new_seed_build, tmp_path / "node")
     assert "seed = 1" in (node / "pipeline.toml").read_text()
     proc = run_doit(node, "package", f"cache={url}", env={**node_env, **builder_env})
-    assert executed(proc) == {"toolchain", "compile", "package"}, proc.stdout  # weights, export, fallback: built
-    assert "compile: substituted from" in proc.stderr, proc.stderr
-    assert "[compile " not in proc.stderr and "[probe " not in proc.stderr  # no AOTInductor, no probe
+    assert executed(proc) == {"toolchain", "compile", "compile_parts", "package"}, proc.stdout  # the rest: built
+    assert "compile: substituted from" in proc.stderr and "compile_parts: substituted from" in proc.stderr, proc.stderr
+    assert not [w for w in ("[compile ", "[compile_parts ", "[probe ") if w in proc.stderr]  # no AOTInductor, no probe
     assert "package: pushed to" in proc.stderr
-    assert substituted(node) == {"compile": "builder-a"}
+    assert substituted(node) == {"compile": "builder-a", "compile_parts": "builder-a"}
     new, old = (r / TINY / "package/sam3.pt2" for r in (node, built_repo))
     assert new.read_bytes() != old.read_bytes()  # other weights, the same compiled code
-    assert (node / TINY / "compiled/index.json").read_bytes() == (built_repo / TINY / "compiled/index.json").read_bytes()
+    for index in ("compiled/index.json", "compiled_parts/index.json"):
+        assert (node / TINY / index).read_bytes() == (built_repo / TINY / index).read_bytes()
 
 
 @pytest.mark.parametrize("fault, words", [

@@ -38,7 +38,7 @@ def test_tiny_pipeline_on_cuda(tmp_path):
 def test_a_tuned_tiny_build_on_cuda_compiles_from_its_tuning_results(tmp_path):
     """`[tune] enabled = true`: doit runs tune before compile; compile reads every decision from the tuning
     results (benchmarks nothing) and its code reads no tensor derived from the weights; verify passes; a new
-    seed, once weights and export have rerun, leaves tune and compile up to date. The Triton search is cut to
+    seed, once weights and the exports have rerun, leaves tune and the compiles up to date. The Triton search is cut to
     one config per GEMM (Inductor's own test_configs.max_mm_configs, so ATen vs Triton still benchmarks): with
     the full search the tiny model's tuning took 9-10 minutes on the H200, beside a full build."""
     repo = copy_repo(tmp_path)
@@ -51,14 +51,16 @@ def test_a_tuned_tiny_build_on_cuda_compiles_from_its_tuning_results(tmp_path):
     art = repo / "artifacts" / "tiny-fp32-cuda"
     tuning = json.loads((art / "tuning" / "index.json").read_text())
     assert tuning["gemm_layouts"] > 0 and tuning["key"]["gpu"] and tuning["tune_seconds"]["model"] > 0
-    compiled = json.loads((art / "compiled" / "index.json").read_text())
-    assert set(compiled["tuning"]["benchmarked_now"].values()) == {0}, compiled["tuning"]
-    assert compiled["inductor_options"]["max_autotune_gemm"] is True
+    for index in ("compiled", "compiled_parts"):
+        compiled = json.loads((art / index / "index.json").read_text())
+        assert set(compiled["tuning"]["benchmarked_now"].values()) == {0}, compiled["tuning"]
+        assert compiled["inductor_options"]["max_autotune_gemm"] is True
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     config.write_text(config.read_text().replace("\nseed = 0\n", "\nseed = 1\n"))
-    assert {"weights", "export"} <= executed(run_doit(repo, "export", "device=cuda", *TOOLKIT))
+    assert {"weights", "export", "export_parts"} <= executed(run_doit(repo, "export", "export_parts", "device=cuda",
+                                                                      *TOOLKIT))
     rerun = stale(repo, *TOOLKIT, device="cuda")
-    assert "package" in rerun and not {"tune", "compile"} & rerun, rerun
+    assert "package" in rerun and not {"tune", "compile", "compile_parts"} & rerun, rerun
 
 
 @pytest.mark.gpu

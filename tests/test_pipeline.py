@@ -13,15 +13,15 @@ import pytest
 
 from helpers import TINY, copy_repo, executed, run_doit, stale, start_doit
 
-STAGES = {"toolchain", "weights", "export", "reference", "fallback", "fallback_drift", "compile", "package", "verify",
-          "render"}
+STAGES = {"toolchain", "weights", "export", "export_parts", "reference", "fallback", "fallback_drift", "compile",
+          "compile_parts", "package", "verify", "render"}
 
 
 def test_first_run_builds_every_stage(built_repo):
     art = built_repo / TINY
     for rel in ["weights/checkpoint/model.safetensors", "export/programs.pt2", "export/program.json",
-                "export/programs.portable.pt2", "reference/index.json", "export/fallback_drift.json",
-                "compiled/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
+                "export/parts.pt2", "export/parts.json", "export/programs.portable.pt2", "reference/index.json",
+                "export/fallback_drift.json", "compiled/index.json", "compiled_parts/index.json", "package/sam3.pt2", "package/sam3.exported.pt2", "verify/report.json", "verify/report.md", "verify/report.html",
                 "render/index.md", "render/astronaut.png", "render/astronaut_mask_diff.png", "render/scores.png",
                 *(f"logs/{s}.log" for s in STAGES)]:
         assert (art / rel).exists(), rel
@@ -75,19 +75,20 @@ def test_a_failing_gate_fails_the_task_and_unmarks_the_package(own_build):
     assert hits == total > 0  # the rerun did not run the eager model again
 
 
-def test_editing_the_export_code_reruns_export_and_nothing_after_it(own_build):
+@pytest.mark.parametrize("stage, archive", [("export", "programs.pt2"), ("export_parts", "parts.pt2")])
+def test_editing_the_export_code_reruns_export_and_nothing_after_it(own_build, stage, archive):
     """Early cutoff: the re-export writes the same archive, byte for byte, and the same program digest."""
-    source = own_build / "src" / "sam3_aoti" / "stages" / "export.py"
-    archive = own_build / TINY / "export" / "programs.pt2"
+    source = own_build / "src" / "sam3_aoti" / "stages" / f"{stage}.py"
+    archive = own_build / TINY / "export" / archive
     before = archive.read_bytes()
     source.write_text(source.read_text() + "\n# an edit\n")
-    assert stale(own_build) & STAGES == {"export"}
-    assert executed(run_doit(own_build, "device=cpu")) == {"export"}
+    assert stale(own_build) & STAGES == {stage}
+    assert executed(run_doit(own_build, "device=cpu")) == {stage}
     assert archive.read_bytes() == before
 
 
 @pytest.mark.parametrize("module, stages", [
-    ("aoti/weights_blob.py", {"compile", "package"}),  # compile checks the blob writer; package uses it
+    ("aoti/weights_blob.py", {"compile", "compile_parts", "package"}),  # the compiles check the blob writer
     ("runtime/cuda_graphs.py", {"package", "fallback_drift", "verify", "render"}),  # every stage that loads a package
     ("pipeline/report.py", {"verify"}),
 ])
@@ -104,6 +105,7 @@ def test_new_weights_repackage_without_recompiling_and_a_killed_run_redoes_only_
     the new weights) passes."""
     art = own_build / TINY
     index = (art / "compiled" / "index.json").read_bytes()
+    parts_index = (art / "compiled_parts" / "index.json").read_bytes()
     blob_before = json.loads((art / "manifest.json").read_text())["stages"]["package"]["outputs"]
     config = own_build / "pipeline.toml"
     config.write_text(config.read_text().replace("seed = 0", "seed = 1", 1))
@@ -115,8 +117,10 @@ def test_new_weights_repackage_without_recompiling_and_a_killed_run_redoes_only_
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)  # doit and its verify process, as a power cut would
     first = run.communicate()[0]
-    assert {"weights", "export", "fallback", "package"} <= executed(subprocess.CompletedProcess([], 0, first, ""))
-    assert ".  compile" not in first and (art / "compiled" / "index.json").read_bytes() == index
+    assert {"weights", "export", "export_parts", "fallback", "package"} <= executed(
+        subprocess.CompletedProcess([], 0, first, ""))
+    assert ".  compile" not in first and (art / "compiled" / "index.json").read_bytes() == index  # nor compile_parts
+    assert (art / "compiled_parts" / "index.json").read_bytes() == parts_index
     assert executed(run_doit(own_build, "device=cpu")) == {"verify", "render"}
     assert json.loads((art / "verify" / "report.json").read_text())["passed"]
     manifest = json.loads((art / "manifest.json").read_text())
@@ -219,7 +223,7 @@ def test_two_clean_builds_give_the_same_program_and_bitwise_equal_outputs(built_
     from sam3_aoti.model.configs import example_inputs, tiny_config
     from sam3_aoti.runtime.loader import load_package
 
-    for rel in ("export/programs.pt2", "export/program.json"):
+    for rel in ("export/programs.pt2", "export/program.json", "export/parts.pt2", "export/parts.json"):
         assert (second_clean_build / TINY / rel).read_bytes() == (built_repo / TINY / rel).read_bytes(), rel
     inputs = example_inputs(tiny_config(), 2, 3, seed=3)
     with torch.no_grad():

@@ -12,7 +12,7 @@ from sam3_aoti.model.grounding import DECODE_IMAGE_INPUTS, PARTS, Part, Sam3Grou
 from sam3_aoti.runtime.archive import PART_NAMES, SHARED_WEIGHT_PARTS
 from sam3_aoti.runtime.loader import load_package
 
-from helpers import TINY, rewrite_package
+from helpers import TINY, copy_repo, rewrite_package, run_doit
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_verify_gates_the_split_path_and_info_lists_the_parts(built_repo):
 
 
 def test_compiles_at_once_fit_the_cores_and_the_memory():
-    from sam3_aoti.stages.compile import compile_workers
+    from sam3_aoti.aoti.workers import compile_workers
 
     assert compile_workers(5, 2 << 30, "cuda", cores=16, memory=128 << 30) == 4  # the H200: a quarter of its cores
     assert compile_workers(5, 8 << 30, "cuda", cores=16, memory=64 << 30) == 2  # big weights: a third of the memory
@@ -180,3 +180,30 @@ def test_compiles_at_once_fit_the_cores_and_the_memory():
     assert compile_workers(6, 20 << 20, "cpu", cores=2, memory=24 << 30) == 2  # CI's machine, tiny: one a core
     assert compile_workers(2, 1, "cuda", cores=64, memory=1 << 40) == 2  # never more than the models
     assert compile_workers(5, 64 << 30, "cpu", cores=16, memory=16 << 30) == 1  # at least one
+
+
+def test_a_profile_left_out_of_split_builds_no_parts(built_repo, tmp_path):
+    """A profile `[export] split` does not name gets model and transforms alone: the parts' stages are off (a line
+    says why), and neither the package's task nor its stage reads their files."""
+    from sam3_aoti.pipeline.package_metadata import exported_signatures
+    from sam3_aoti.pipeline.paths import ProfilePaths
+    from sam3_aoti.pipeline.settings import load_settings
+    from sam3_aoti.stages.package import compiled_programs
+
+    settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
+    paths = ProfilePaths.of(settings)
+    index, archives, folders = compiled_programs(paths, split=False)
+    assert list(index["models"]) == ["model", "transforms"] and set(archives.values()) == {paths.exported}
+    assert set(exported_signatures(paths, split=False)["programs"]) == {"model", "transforms"}
+    whole, archives, folders = compiled_programs(paths, split=True)  # the build's own: both compiles as one
+    assert list(whole["models"]) == ["model", *PART_NAMES, "transforms"]
+    assert {archives[n] for n in PART_NAMES} == {paths.exported_parts} and folders["decode"] == paths.compiled_parts
+    assert "export/parts.pt2" in run_doit(built_repo, "info", "package", "device=cpu").stdout
+
+    repo = copy_repo(tmp_path)
+    config = repo / "pipeline.toml"
+    config.write_text(config.read_text().replace('split = ["tiny", "sam3"]', 'split = ["sam3"]', 1))
+    proc = run_doit(repo, "export_parts", "compile_parts", "device=cpu")
+    assert proc.stdout.count("is off (profile=tiny is not in [export] split)") == 2, proc.stdout
+    inputs = run_doit(repo, "info", "package", "device=cpu").stdout
+    assert "export/programs.pt2" in inputs and "parts" not in inputs

@@ -39,7 +39,8 @@ def test_busy_cores_are_a_share_of_the_machine():
 
 def test_a_stage_steps_back_for_other_work_in_its_own_session(monkeypatch):
     """A stage process (tasks.runs.stage_preexec) runs niced, and so does its session's group where Linux
-    groups CPU time by session; a bad $SAM3_AOTI_NICE is one line."""
+    groups CPU time by session; the stages only verify waits for step back further; a bad $SAM3_AOTI_NICE is one
+    line."""
     import os
     import subprocess
     from pathlib import Path
@@ -47,7 +48,7 @@ def test_a_stage_steps_back_for_other_work_in_its_own_session(monkeypatch):
     import pytest
 
     from sam3_aoti.errors import ConfigError
-    from tasks.runs import stage_nice, stage_preexec
+    from tasks.runs import nice_of, stage_nice, stage_preexec
 
     report = "import os; from pathlib import Path; p = Path('/proc/self/autogroup'); " \
              "print(os.nice(0), p.read_text().split()[-1] if p.exists() else '-')"
@@ -58,9 +59,12 @@ def test_a_stage_steps_back_for_other_work_in_its_own_session(monkeypatch):
         assert out[1] == "7"
     monkeypatch.delenv("SAM3_AOTI_NICE", raising=False)
     assert stage_nice() == 10
+    assert nice_of("compile") == nice_of("export_parts") == 10 and nice_of("fallback") == nice_of("reference") == 15
     for value, want in (("0", 0), ("25", 19)):
         monkeypatch.setenv("SAM3_AOTI_NICE", value)
         assert stage_nice() == want
+    monkeypatch.setenv("SAM3_AOTI_NICE", "17")
+    assert nice_of("fallback_drift") == 19
     monkeypatch.setenv("SAM3_AOTI_NICE", "high")
     with pytest.raises(ConfigError, match="SAM3_AOTI_NICE='high' is not a whole number"):
         stage_nice()

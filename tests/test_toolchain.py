@@ -358,30 +358,47 @@ def test_a_second_checkout_on_the_machine_takes_the_probes_pass_and_a_new_compil
     assert len(probed) == 2
 
 
-def test_a_fix_the_probe_finds_beside_the_compile_has_it_compiled_again(monkeypatch, tmp_path):
-    """The probe runs beside the compile; when it finds the toolchain broken and a fix (probe.env), the compile
-    that ran without the fix is done again with it."""
+def test_a_fix_the_probe_finds_beside_the_compiles_has_them_compiled_again(monkeypatch, tmp_path):
+    """The probe runs once, beside the compiles (model's and the parts', each in a thread as doit runs them);
+    when it finds the toolchain broken and a fix (probe.env), each compile that ran without the fix is done
+    again with it."""
+    import threading
+
     import tasks
 
     calls = []
     fix = tasks.ToolchainPaths.of(tasks.SETTINGS).probe_env
     saved = fix.read_text() if fix.exists() else None
 
+    both_started = threading.Event()  # the probe ends after both compiles started without its fix
+
     def fake_run_stage(name):
         calls.append(name)
         if name == "probe":
+            both_started.wait(10)
             fix.parent.mkdir(parents=True, exist_ok=True)
             fix.write_text(f"export CXX=/fixed/g++ # {len(calls)}\n")
+        elif {"compile", "compile_parts"} <= set(calls):
+            both_started.set()
         return None
 
     monkeypatch.setattr(tasks, "run_stage", fake_run_stage)
+    monkeypatch.setattr(tasks, "PROBED", [])
+    results = []
     try:
-        assert tasks.compile_with_probe() is None
+        compiles = [threading.Thread(target=lambda name=name: results.append(tasks.compile_with_probe(name)))
+                    for name in ("compile", "compile_parts")]
+        for thread in compiles:
+            thread.start()
+        for thread in compiles:
+            thread.join()
     finally:
         fix.unlink(missing_ok=True)
         if saved is not None:
             fix.write_text(saved)
-    assert sorted(calls) == ["compile", "compile", "probe"] and calls[-1] == "compile"
+    assert results == [None, None]
+    assert sorted(calls) == ["compile", "compile", "compile_parts", "compile_parts", "probe"]
+    assert calls[-1] != "probe"
 
 
 def test_the_vector_isa_verdict_is_kept_per_machine_and_told_to_inductor(tmp_path, monkeypatch):

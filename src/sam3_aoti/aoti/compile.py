@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..errors import CompileError, first_line
 from ..pipeline.vec_isa import skip_known_isa_check
-from ..runtime.archive import BLOB_SUFFIX, MODEL_NAMES, PART_NAMES, archive_entries
+from ..runtime.archive import BLOB_SUFFIX, PART_NAMES, archive_entries
 
 # Weights outside the shared object, in the blob AOTInductor's own package loader reads (C++ and Python
 # alike); no tensor constant folded into generated code, so the code is independent of weight values.
@@ -103,13 +103,14 @@ def submission_order(names: list[str], sizes: dict[str, int]) -> list[str]:
     return ["model", *rest] if "model" in names else rest
 
 
-def compiled_names(programs) -> list[str]:
-    """The exported programs to compile, `model` first: the package's models and, if exported, its parts."""
+def compiled_names(programs, expected: tuple[str, ...]) -> list[str]:
+    """The exported programs of an archive to compile, `model` first: exactly the `expected` ones (`MODEL_NAMES` in
+    the export's archive, `PART_NAMES` in the parts')."""
     names = [n for n in ("model", *PART_NAMES, "transforms") if n in programs]
-    unknown = sorted(set(programs) - set(names))
-    if unknown or not set(MODEL_NAMES) <= set(names):
-        raise CompileError(f"the exported programs are {sorted(programs)}, not a SAM3 export's: run `uv run doit "
-                           "export` again")
+    if set(programs) != set(expected):
+        stage = "export_parts" if set(expected) == set(PART_NAMES) else "export"
+        raise CompileError(f"the exported programs are {sorted(programs)}, not {sorted(expected)}: run `uv run doit "
+                           f"{stage}` again")
     return names
 
 

@@ -1,12 +1,16 @@
 """torch.export of the grounding wrapper (dynamic batch and prompt counts), of its parts for encode once /
-decode many, and of the image transforms (any batch, height and width)."""
+decode many, and of the image transforms (any batch, height and width); their archives and digests."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
+from pathlib import Path
 
 from ..errors import ExportError, first_line
+from ..runtime.archive import archive_entries
+from ..runtime.files import write_text_atomic
 
 
 def check_against_eager(name: str, run, eager, args, atol: float) -> float:
@@ -95,6 +99,32 @@ def export_parts(wrapper, example) -> dict:
         except Exception as e:
             raise ExportError(f"torch.export of {name} failed: {first_line(e)}") from e
     return programs
+
+
+def export_subject(settings, stage: str):
+    """What both export stages trace: (wrapper, example inputs, device), the checkpoint loaded in the build's
+    precision on its device, and room checked for an archive that holds the weights once more."""
+    import torch
+
+    from ..pipeline.artifacts import check_free_space
+    from ..pipeline.paths import ProfilePaths
+    from .checkpoints import load_model
+    from .configs import example_inputs
+    from .grounding import Sam3Grounding
+
+    paths, opts = ProfilePaths.of(settings), settings.stage("export")
+    checkpoint = paths.checkpoint / "model.safetensors"
+    if checkpoint.is_file():  # the archive holds the weights once more, in the build's dtype at most fp32
+        check_free_space({paths.exported.parent: int(1.1 * checkpoint.stat().st_size) + (64 << 20)}, stage)
+    device = torch.device(settings.device)
+    if settings.spec.fp8_parts:
+        from .fp8 import check_fp8_device
+
+        if reason := check_fp8_device(device):
+            raise ExportError(f"precision={settings.precision}: {reason}; build precision=bf16 on this machine")
+    wrapper = Sam3Grounding.built_as(load_model(settings).to(device), settings)
+    example = example_inputs(wrapper.model.config, opts["example_batch"], opts["example_prompts"], device=device)
+    return wrapper, example, device
 
 
 def transforms_example(opts: dict, device):
@@ -222,3 +252,69 @@ def shared_tensor_writer(path: str):
             return json.dumps(payload).encode()
 
     return SharedTensorWriter(path)
+
+
+# Archive entries that hold values (weights, lifted constants, sample inputs) or a random id: the
+# compiled code does not depend on them, so the program digest leaves them out.
+VALUE_ENTRIES = (*TENSOR_FILES, "data/sample_inputs/", ".data/serialization_id")
+
+
+def program_digest(archive: Path, programs: dict) -> dict:
+    """Everything AOTInductor's output depends on, and nothing it does not: the serialized graphs,
+    signatures, dynamic ranges and weight layouts (dtype, shape, stride, offset), plus the example shapes
+    it tunes for. A new seed or checkpoint of the same architecture gives the same digest."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(archive) as zf:
+        for inner, name in sorted(archive_entries(zf).items()):
+            if not inner.startswith(VALUE_ENTRIES):
+                h.update(inner.encode() + b"\0" + layout_only(inner, zf.read(name)) + b"\0")
+    signature = {name: io_signature(program) for name, program in programs.items()}
+    h.update(json.dumps(signature, sort_keys=True).encode())
+    return {"sha256": h.hexdigest(), "programs": signature}
+
+
+def layout_only(inner: str, data: bytes) -> bytes:
+    """A tensor config without its files' names: which file holds a tensor's bytes depends on the values
+    (equal tensors share one, `shared_tensor_writer`), its layout does not."""
+    if not is_tensor_config(inner):
+        return data
+    payload = json.loads(data)
+    for meta in payload["config"].values():
+        meta.pop("path_name", None)
+    return json.dumps(payload, sort_keys=True).encode()
+
+
+def io_signature(program) -> dict:
+    """Input and output shapes and dtypes at the trace example (the metadata of the package)."""
+    import torch
+
+    args, _ = program.example_inputs
+    with torch.no_grad():
+        outputs = program.module()(*args)
+    outputs = (outputs,) if torch.is_tensor(outputs) else outputs
+    described = [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in outputs]
+    return {"example_inputs": [{"shape": list(a.shape), "dtype": str(a.dtype).removeprefix("torch.")} for a in args],
+            "outputs": described}
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Leave an equal file untouched, so its consumers see no change at all (early cutoff)."""
+    if path.exists() and path.read_text() == text:
+        return False
+    write_text_atomic(path, text)
+    return True
+
+
+def save_with_digest(programs: dict, archive: Path, digest_path: Path, log) -> dict:
+    """Save the programs (a temp file renamed at the end) and write their digest where it changed: an equal
+    digest leaves the compile that reads it up to date."""
+    from ..runtime.files import atomic_output, human_size
+
+    with atomic_output(archive) as tmp:
+        save_programs(programs, tmp)
+    log.info("saved %s (%s)", archive, human_size(archive.stat().st_size))
+    digest = program_digest(archive, programs)
+    changed = write_if_changed(digest_path, json.dumps(digest, indent=2, sort_keys=True) + "\n")
+    log.info("program digest %s (%s)", digest["sha256"][:12],
+             "changed: compile reruns" if changed else "unchanged: the compiled code is reused")
+    return digest

@@ -1,11 +1,26 @@
 """The package's interface in its metadata: the models' inputs and outputs, boxes, masks, scores, the tokenizer.
 The `package` stage writes it into `metadata.json`; the `fallback` stage puts the exported programs behind the
-same interface to measure them before any package exists. Computed from `export/program.json` alone."""
+same interface to measure them before any package exists. Computed from the program digests alone
+(`export/program.json`, and `export/parts.json` where the profile is split)."""
 
 from __future__ import annotations
 
+import json
+
 from ..errors import PackageError
 from ..runtime.archive import PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE
+
+
+def exported_signatures(paths, split: bool) -> dict:
+    """Every exported program's inputs and outputs (`programs`), and each archive's digest (`sha256`: `program`,
+    and `parts_program` where `split`), from the digests the export stages wrote."""
+    digests = {"program": paths.program_digest, **({"parts_program": paths.parts_digest} if split else {})}
+    signatures = {"sha256": {}, "programs": {}}
+    for name, path in digests.items():
+        digest = json.loads(path.read_text())
+        signatures["sha256"][name] = digest["sha256"]
+        signatures["programs"].update(digest["programs"])
+    return signatures
 
 
 def interface_metadata(settings, program: dict, parts: list[str]) -> dict:

@@ -109,12 +109,18 @@ class ProfilePaths:
 
     @property
     def exported(self) -> Path:
-        """Both exported programs (`model`, `transforms`) with their weights, in one PT2 archive."""
+        """The exported programs `model` and `transforms` with their weights, in one PT2 archive."""
         return self.root / "export" / "programs.pt2"
 
     @property
+    def exported_parts(self) -> Path:
+        """The model in parts (`[export] split`: encode_image, encode_text, encode_boxes, decode) with their weights,
+        exported by a stage of its own beside `model`'s compile."""
+        return self.root / "export" / "parts.pt2"
+
+    @property
     def exported_portable(self) -> Path:
-        """The same programs exported with this project's custom ops as the torch ops they compute (`model.ops`):
+        """Every program (model, its parts, transforms) exported with this project's custom ops as the torch ops they compute (`model.ops`):
         the package's fallback, which loads where torch alone is installed."""
         return self.root / "export" / "programs.portable.pt2"
 
@@ -129,6 +135,11 @@ class ProfilePaths:
         return self.root / "export" / "program.json"
 
     @property
+    def parts_digest(self) -> Path:
+        """The parts' program digest, as `program_digest` is model's and transforms'."""
+        return self.root / "export" / "parts.json"
+
+    @property
     def compiled(self) -> Path:
         """AOTInductor's files per model, without weights: reused while program.json stays the same."""
         return self.root / "compiled"
@@ -136,6 +147,15 @@ class ProfilePaths:
     @property
     def compiled_index(self) -> Path:
         return self.compiled / "index.json"
+
+    @property
+    def compiled_parts(self) -> Path:
+        """The parts' AOTInductor files (`compile_parts`), reused while parts.json stays the same."""
+        return self.root / "compiled_parts"
+
+    @property
+    def compiled_parts_index(self) -> Path:
+        return self.compiled_parts / "index.json"
 
     @property
     def tuning(self) -> Path:

@@ -194,7 +194,7 @@ SCHEMA = {
     "cache": ({
         "url": ((lambda v: isinstance(v, str)), 'a folder, file://, s3:// or https:// URL, or "" for none', OPTIONAL),
         "trusted_keys": (*_public_keys(), OPTIONAL),
-        "push": (*_distinct(("compile", "package", "verify", "render"), "stages"), OPTIONAL),
+        "push": (*_distinct(("compile", "compile_parts", "package", "verify", "render"), "stages"), OPTIONAL),
     }, OPTIONAL),
 }
 

@@ -86,6 +86,11 @@ class Settings:
         return f"{self.profile}-{self.precision}-{self.device}"
 
     @property
+    def split(self) -> bool:
+        """Whether the package holds the model in parts too (`[export] split` names the profile)."""
+        return self.profile in self.stage("export").get("split", [])
+
+    @property
     def tuned(self) -> bool:
         """Whether `compile` uses Inductor's autotuning (the `tune` stage's results): on a GPU, when enabled."""
         return self.device == "cuda" and bool(self.stage("tune").get("enabled", False))

@@ -12,7 +12,8 @@ import logging
 import time
 
 from ..errors import ExportError
-from ..model.exporting import check_against_eager, custom_ops_in, export_programs, save_programs, transforms_example
+from ..model.exporting import (check_against_eager, custom_ops_in, export_programs, export_subject, save_programs,
+                               transforms_example)
 from ..pipeline.artifacts import record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -22,27 +23,21 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 
 
 def run(settings: Settings) -> None:
-    import torch
-
-    from ..model.checkpoints import load_model
     from ..model.configs import example_inputs
-    from ..model.grounding import ImageTransforms, Sam3Grounding
+    from ..model.grounding import ImageTransforms
     from ..model.ops import torch_forms
 
     paths, opts = ProfilePaths.of(settings), settings.stage("export")
     t0 = time.perf_counter()
-    device = torch.device(settings.device)
-    model = load_model(settings).to(device)
-    wrapper = Sam3Grounding.built_as(model, settings)
-    example = example_inputs(model.config, opts["example_batch"], opts["example_prompts"], device=device)
-    transforms = ImageTransforms(model.config.vision_config.backbone_config.image_size).eval()
+    wrapper, example, device = export_subject(settings, "fallback")
+    config = wrapper.model.config
+    transforms = ImageTransforms(config.vision_config.backbone_config.image_size).eval()
     with torch_forms():
-        fallback, _ = export_programs(wrapper, example, settings.profile in opts.get("split", []), transforms,
-                                      transforms_example(opts, device))
+        fallback, _ = export_programs(wrapper, example, settings.split, transforms, transforms_example(opts, device))
     if left := {name: sorted(ops) for name, program in fallback.items() if (ops := custom_ops_in(program))}:
         raise ExportError(f"the fallback still calls {left}: call them through sam3_aoti.model.ops")
     log.info("exported with the custom ops in torch ops in %.1f s", time.perf_counter() - t0)
-    args = example_inputs(model.config, opts["check_batch"], opts["check_prompts"], seed=2, device=device)
+    args = example_inputs(config, opts["check_batch"], opts["check_prompts"], seed=2, device=device)
     diff = check_against_eager("model (portable)", fallback["model"].module(), wrapper, args,
                                settings.spec.export_atol)
     with atomic_output(paths.exported_portable) as tmp:

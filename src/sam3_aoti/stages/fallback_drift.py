@@ -28,7 +28,7 @@ def run(settings: Settings) -> None:
     from ..model.checkpoints import eager_reference, reference_transforms
     from ..model.reference import ReferenceCache
     from ..pipeline.cases import load_cases
-    from ..pipeline.package_metadata import interface_metadata
+    from ..pipeline.package_metadata import exported_signatures, interface_metadata
     from ..runtime.archive import PART_NAMES
     from ..runtime.loader import programs_package
     from ..runtime.torch_private import exported_programs
@@ -39,7 +39,7 @@ def run(settings: Settings) -> None:
     with open(paths.exported_portable, "rb") as file:
         programs = exported_programs(file)
     log.info("read %s in %.1f s", paths.exported_portable.name, time.perf_counter() - t0)
-    program = json.loads(paths.program_digest.read_text())
+    program = exported_signatures(paths, settings.split)
     metadata = interface_metadata(settings, program, [name for name in PART_NAMES if name in programs])
     fallback = programs_package(programs, metadata, paths.tokenizer_merges.read_text(), paths.exported_portable)
     cache = ReferenceCache.of(settings)

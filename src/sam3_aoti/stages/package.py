@@ -20,7 +20,7 @@ from pathlib import Path
 from ..aoti.weights_blob import write_weights_blob
 from ..errors import PackageError, first_line
 from ..pipeline.artifacts import check_free_space, mark, record, recorded_sha256
-from ..pipeline.package_metadata import interface_metadata
+from ..pipeline.package_metadata import exported_signatures, interface_metadata
 from ..pipeline.paths import ProfilePaths
 from ..runtime.archive import METADATA_FILE, MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
 from ..runtime.files import atomic_output, human_size, sha256
@@ -31,6 +31,7 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 
 
 def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, parts: dict) -> dict:
+    """`program`: the exported programs' signatures and digests (`exported_signatures`)."""
     from ..pipeline.settings import package_version
 
     return {
@@ -47,7 +48,7 @@ def build_metadata(settings, paths: ProfilePaths, index: dict, program: dict, pa
         "fallback": fallback_of(paths.package).name,
         "inputs_sha256": {
             "checkpoint": recorded_sha256(paths.manifest, paths.checkpoint / "model.safetensors"),
-            "program": program["sha256"],
+            **program["sha256"],
         },
         "parts_sha256": parts,  # every compiled part, checked before any of it is loaded (integrity.py)
         "weights_layout": weights_layout(index),
@@ -69,30 +70,49 @@ def weights_layout(index: dict) -> dict[str, list]:
     return layouts
 
 
-def check_shares_weights(exported: Path, index: dict, parts: list[str]) -> None:
+def compiled_programs(paths: ProfilePaths, split: bool) -> tuple[dict, dict, dict]:
+    """Both compiles' indexes as one (model's and transforms', and the parts'), each checked to be for the
+    exported programs here; which archive holds each program, and which folder its compiled files."""
+    stages = [("compile", paths.compiled, paths.program_digest, paths.exported)]
+    if split:
+        stages.append(("compile_parts", paths.compiled_parts, paths.parts_digest, paths.exported_parts))
+    index, archives, folders = None, {}, {}
+    for stage, folder, digest_path, archive in stages:
+        compiled = json.loads((folder / "index.json").read_text())
+        if compiled["program_sha256"] != json.loads(digest_path.read_text())["sha256"]:
+            raise PackageError(f"the compiled code is for another exported program: run `uv run doit {stage}`")
+        index = compiled if index is None else {**index, "models": {**index["models"], **compiled["models"]}}
+        archives.update(dict.fromkeys(compiled["models"], archive))
+        folders.update(dict.fromkeys(compiled["models"], folder))
+    index["models"] = {n: index["models"][n] for n in ("model", *PART_NAMES, "transforms") if n in index["models"]}
+    return index, archives, folders
+
+
+def check_shares_weights(archives: dict[str, Path], index: dict, parts: list[str]) -> None:
     """The parts read `model`'s tensors at load time: each of their constants must be one of model's, of the
-    same size and, in the exported archive, the same bytes (CRC-32 and size of the entries)."""
+    same size and, in the exported archives, the same bytes (CRC-32 and size of the entries)."""
     import zipfile
 
     from ..aoti.weights_blob import tensor_entries
 
     model = {c["fqn"]: c for c in index["models"]["model"]["constants"] if not c["folded"]}
-    with zipfile.ZipFile(exported) as archive:
-        entries = {n: tensor_entries(archive, n) for n in ("model", *parts)}
 
-        def stored(name: str, fqn: str) -> tuple[int, int]:
-            info = archive.getinfo(entries[name][fqn])
-            return info.CRC, info.file_size
+    def stored(name: str) -> dict[str, tuple[int, int]]:
+        with zipfile.ZipFile(archives[name]) as archive:
+            return {fqn: (archive.getinfo(entry).CRC, archive.getinfo(entry).file_size)
+                    for fqn, entry in tensor_entries(archive, name).items()}
 
-        for name in parts:
-            for c in index["models"][name]["constants"]:
-                if c["folded"]:
-                    continue
-                theirs = model.get(c["fqn"])
-                if theirs is None or theirs["bytes"] != c["bytes"] or stored("model", c["fqn"]) != stored(name, c["fqn"]):
-                    raise PackageError(f"{name} reads the tensor {c['fqn']!r}, which model holds "
-                                       f"{'otherwise' if theirs else 'not'}: the parts cannot share model's weights; "
-                                       "run `uv run doit export compile` again")
+    models = stored("model")
+    for name in parts:
+        theirs_stored = stored(name)
+        for c in index["models"][name]["constants"]:
+            if c["folded"]:
+                continue
+            theirs = model.get(c["fqn"])
+            if theirs is None or theirs["bytes"] != c["bytes"] or models[c["fqn"]] != theirs_stored[c["fqn"]]:
+                raise PackageError(f"{name} reads the tensor {c['fqn']!r}, which model holds "
+                                   f"{'otherwise' if theirs else 'not'}: the parts cannot share model's weights; "
+                                   "run `uv run doit export export_parts compile compile_parts` again")
 
 
 def check_aoti_loads(path: Path) -> None:
@@ -116,24 +136,22 @@ def run(settings) -> None:
     from torch.export.pt2_archive._package import package_pt2
 
     paths = ProfilePaths.of(settings)
-    index = json.loads(paths.compiled_index.read_text())
-    program = json.loads(paths.program_digest.read_text())
-    if index["program_sha256"] != program["sha256"]:
-        raise PackageError("the compiled code is for another exported program: run `uv run doit compile`")
+    index, archives, folders = compiled_programs(paths, settings.split)
+    program = exported_signatures(paths, settings.split)
     weights = sum(index["models"][n]["blob_bytes"] for n in MODEL_NAMES)
     check_free_space({paths.package.parent: 2 * weights + (10 << 20)}, "package")  # the blob, then the archive
     t0 = time.perf_counter()
     with atomic_output(paths.fallback_package) as tmp:
         link_or_copy(paths.exported_portable, tmp)
     write_digest(paths.fallback_package)
-    check_shares_weights(paths.exported, index, [n for n in SHARED_WEIGHT_PARTS if n in index["models"]])
+    check_shares_weights(archives, index, [n for n in SHARED_WEIGHT_PARTS if n in index["models"]])
     with atomic_output(paths.package) as tmp:
         aoti_files, parts = {}, {}
         for name in index["models"]:
             compiled = index["models"][name]
-            files = [paths.compiled / name / f for f in compiled["files"]]
+            files = [folders[name] / name / f for f in compiled["files"]]
             blob = tmp.parent / compiled["blob"]
-            if name not in SHARED_WEIGHT_PARTS and write_weights_blob(paths.exported, name, compiled, blob):
+            if name not in SHARED_WEIGHT_PARTS and write_weights_blob(archives[name], name, compiled, blob):
                 log.info("%s: weights blob written (%s)", name, human_size(blob.stat().st_size))
                 files.append(blob)  # a model without constants gets none: torch's loader fails to mmap an empty one
             aoti_files[name] = [str(f) for f in files]
@@ -150,7 +168,7 @@ def run(settings) -> None:
              human_size(paths.package.stat().st_size - weights), time.perf_counter() - t0, paths.fallback_package.name)
     record(paths.manifest, "package", [paths.package, paths.fallback_package, digest_file(paths.package),
                                        digest_file(paths.fallback_package)], {
-        "weights_bytes": weights, "program_sha256": program["sha256"], **settings.fingerprint("package"),
+        "weights_bytes": weights, "program_sha256": program["sha256"]["program"], **settings.fingerprint("package"),
     })
     mark(paths.manifest, "verify", verified=False)  # a new package is unverified until verify passes
 

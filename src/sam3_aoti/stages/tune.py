@@ -2,7 +2,7 @@
 
 max-autotune benchmarks Triton GEMM templates (with their epilogues fused) against cuBLAS for every GEMM
 shape, and coordinate-descent tuning searches each Triton kernel's launch config: many minutes of GPU
-benchmarks. This stage compiles both exported programs once with `[tune] inductor` in an empty Inductor
+benchmarks. This stage compiles every exported program once with `[tune] inductor` in an empty Inductor
 cache and keeps only what the benchmarks decided (the GEMM choice timings, Inductor's `cache/<system>`
 file, and each kernel's `.best_config`) in `tuning/results/`, with what they hold for in
 `tuning/index.json` (the key). `compile` seeds its cache with them and compiles with the same options: it
@@ -32,28 +32,30 @@ log = logging.getLogger(__spec__.name)  # not __name__: run by `python -m`, a st
 def run(settings: Settings) -> None:
     from ..aoti.compile import (aoti_compile, check_constants_are_weights, check_inductor_options, compiled_names,
                                 compiled_outputs, load_program, platform_info, program_names)
+    from ..aoti.workers import tuned_digest
+    from ..runtime.archive import MODEL_NAMES, PART_NAMES
 
     if not settings.tuned:
         raise ConfigError("tune runs on a GPU with [tune] enabled = true (pipeline.toml): nothing to tune here")
     paths = ProfilePaths.of(settings)
-    digest = json.loads(paths.program_digest.read_text())
-    key = tuning_key(settings, digest["sha256"], platform_info(settings.device))
+    key = tuning_key(settings, tuned_digest(settings), platform_info(settings.device))
+    archives = [(paths.exported, MODEL_NAMES), *([(paths.exported_parts, PART_NAMES)] if settings.split else [])]
     options = tuning_options(settings)
     check_inductor_options(settings.stage("tune").get("inductor", {}), "[tune] inductor")
     seconds, phases = {}, {}
     with tempfile.TemporaryDirectory(prefix=".tune-cache.", dir=paths.root) as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # empty: every decision is benchmarked here, now
-        for name in compiled_names(program_names(paths.exported)):
+        for archive, name in [(a, n) for a, expected in archives for n in compiled_names(program_names(a), expected)]:
             log.info("tuning %s: a full compile that benchmarks every GEMM and kernel config (%s)", name, options)
             try:
-                compiled = aoti_compile(load_program(paths.exported, name), options, settings.stage("compile")["sdpa_backends"])
+                compiled = aoti_compile(load_program(archive, name), options, settings.stage("compile")["sdpa_backends"])
             except Exception as e:
                 raise CompileError(f"tuning {name} failed: {first_line(e)} (set [tune] enabled = false to build "
                                    "without it)") from e
             seconds[name], phases[name] = compiled.seconds, compiled.phases
             log.info("tuned %s in %.1f s", name, seconds[name])
             _, _, constants = compiled_outputs(name, compiled.files)  # packageable with new weights?
-            check_constants_are_weights(name, constants, paths.exported)
+            check_constants_are_weights(name, constants, archive)
         decisions = count_decisions(Path(cache))
         kernels = keep_kernels(Path(cache), paths.inductor_cache)
         log.info("%d files of Triton's compiled kernels into %s, for compile to load", kernels, paths.inductor_cache)

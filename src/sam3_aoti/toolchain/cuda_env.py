@@ -45,6 +45,13 @@ def read_build_facts(path: Path) -> dict:
     return facts
 
 
+def compiler_setup(env_file: Path) -> dict:
+    """The compiler setup a compile runs with (this process's variables, the toolchain's facts), as its index
+    records it."""
+    return {**{k: portable(os.environ.get(k)) for k in ("CUDA_HOME", "CXX", FIX_VARIABLE)},
+            "build": read_build_facts(env_file)}
+
+
 def _shell(value: str) -> str:
     """The value quoted for a shell, with the checkout's prefix left to `$SAM3_AOTI_ROOT`."""
     portable_value = portable(value)
