@@ -187,11 +187,11 @@ def second_clean_build(request) -> Path:
 
 @pytest.fixture(scope="session")
 def new_seed_build() -> Path:
-    """A clean checkout with another seed (the same architecture, other weights) built up to the compile
-    (toolchain, weights, export, the fallback), kept per content beside the tiny build: the binary cache's
-    new-seed tests copy it and substitute the compile."""
+    """A clean checkout with another seed (the same architecture, other weights) built up to the compiles
+    (toolchain, weights, the exports, the fallback), kept per content beside the tiny build: the binary cache's
+    new-seed tests copy it and substitute the compiles."""
     tiny = the_build()
-    return wait_for_build(tiny.with_name(f"{tiny.name}-seed-1"), "fallback", "device=cpu",
+    return wait_for_build(tiny.with_name(f"{tiny.name}-seed-1"), "fallback", "export_parts", "device=cpu",
                           edits=[("seed = 0", "seed = 1")])
 
 

@@ -205,5 +205,5 @@ def test_a_profile_left_out_of_split_builds_no_parts(built_repo, tmp_path):
     config.write_text(config.read_text().replace('split = ["tiny", "sam3"]', 'split = ["sam3"]', 1))
     proc = run_doit(repo, "export_parts", "compile_parts", "device=cpu")
     assert proc.stdout.count("is off (profile=tiny is not in [export] split)") == 2, proc.stdout
-    inputs = run_doit(repo, "info", "package", "device=cpu").stdout
+    inputs = run_doit(repo, "info", "package", "device=cpu", check=False).stdout  # exit 1: not built, so not up to date
     assert "export/programs.pt2" in inputs and "parts" not in inputs
