@@ -30,8 +30,8 @@ from sam3_aoti.pipeline.artifacts import manifest_changes  # noqa: E402
 from sam3_aoti.pipeline.paths import ProfilePaths, ToolchainPaths  # noqa: E402
 from sam3_aoti.pipeline.runner import UNDER_DOIT  # noqa: E402
 from sam3_aoti.pipeline.settings import load_settings  # noqa: E402
-from tasks.runs import (RUNNING, kill_group, low_disk, may_write_now, nice_of, record_stage_group,  # noqa: E402
-                        stage_nice, stage_preexec)
+from tasks.runs import (BESIDE, RUNNING, kill_group, low_disk, may_write_now, nice_of,  # noqa: E402
+                        record_stage_group, stage_nice, stage_preexec)
 
 SETTING_VARIABLES = ("profile", "device", "precision", "weights", "config", "toolkit")
 VARIABLES = (*SETTING_VARIABLES, "cache", "ref")  # the binary cache's (tasks.cache): no stage reads them
@@ -166,13 +166,16 @@ def stage_env(name: str, env_file: Path = ENV_FILE) -> dict:
     new file; and after `probe`, a fix the probe found (probe.env). On the CPU, Inductor's pool of compile
     processes is left unstarted (unless set): a CPU model's kernels are one C++ file, so the pool only costs
     its start, a torch import per core in every stage process (a tiny build: 5.5 core-minutes of user time
-    with it, 4.6 without)."""
+    with it, 4.6 without). A stage only verify waits for (`runs.BESIDE`) has its OpenMP threads wait passively
+    (unless set): spinning beside the compiles, the tiny fallback's measurement took 44 core-seconds, not 21."""
     from sam3_aoti.toolchain.cuda_env import read_env_file
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(linked(PATHS.inductor_cache)),
            UNDER_DOIT: "1"}
     if SETTINGS.device == "cpu":
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if name in BESIDE:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(linked(SOURCES)), env.get("PYTHONPATH")]))
     if name != "toolchain":
         env.update(read_env_file(env_file, env))

@@ -222,6 +222,20 @@ def test_a_cpu_stage_starts_no_pool_of_compile_processes(tmp_path, monkeypatch):
     assert tasks.stage_env("compile", tmp_path / "cuda.env")["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
 
 
+def test_the_stages_only_verify_waits_for_let_their_openmp_threads_wait_passively(tmp_path, monkeypatch):
+    """Beside the compiles, a spinning OpenMP thread of the fallback's measurement takes a core the compiles want;
+    the stages on the package's own path keep OpenMP's default, and a value the user set is kept."""
+    import tasks
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert {name: tasks.stage_env(name, tmp_path / "cuda.env").get("OMP_WAIT_POLICY")
+            for name in ("reference", "fallback", "fallback_drift", "export", "compile", "compile_parts")} == {
+        "reference": "PASSIVE", "fallback": "PASSIVE", "fallback_drift": "PASSIVE", "export": None, "compile": None,
+        "compile_parts": None}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert tasks.stage_env("fallback_drift", tmp_path / "cuda.env")["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_regex_free_overlay_keeps_the_header_whole(tmp_path):
     overlay = compiler_fixes.regex_free_overlay(tmp_path)
     text = (overlay / "torch/csrc/inductor/aoti_runtime/model_base.h").read_text()
