@@ -136,8 +136,8 @@ def transforms_example(opts: dict, device):
 
 
 def export_programs(wrapper, example, split: bool, transforms, example_image) -> tuple[dict, dict]:
-    """Every program of the archive in its order (model; encode_image, encode_text, encode_boxes and decode where
-    `split`; transforms), and the seconds each export took."""
+    """The programs in their order (model; encode_image, encode_text, encode_boxes and decode where `split`, as the
+    fallback's archive holds them; transforms), and the seconds each export took."""
     import time
 
     t0 = time.perf_counter()

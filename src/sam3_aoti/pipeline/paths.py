@@ -120,8 +120,8 @@ class ProfilePaths:
 
     @property
     def exported_portable(self) -> Path:
-        """Every program (model, its parts, transforms) exported with this project's custom ops as the torch ops they compute (`model.ops`):
-        the package's fallback, which loads where torch alone is installed."""
+        """Every program (model, its parts, transforms) exported with this project's custom ops as the torch ops
+        they compute (`model.ops`): the package's fallback, which loads where torch alone is installed."""
         return self.root / "export" / "programs.portable.pt2"
 
     @property

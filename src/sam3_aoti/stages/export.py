@@ -9,11 +9,8 @@ one specialization only shows up at run time.
 from __future__ import annotations
 
 import logging
-import time
 
-from ..errors import ExportError, first_line
-from ..model.exporting import (check_against_eager, export_model, export_subject, export_transforms, save_with_digest,
-                               transforms_example)
+from ..model.exporting import check_against_eager, export_programs, export_subject, save_with_digest, transforms_example
 from ..pipeline.artifacts import record
 from ..pipeline.paths import ProfilePaths
 from ..pipeline.settings import Settings
@@ -31,19 +28,10 @@ def run(settings: Settings) -> None:
     wrapper, example, device = export_subject(settings, "export")
     config = wrapper.model.config
     log.info("exporting model at example (B, P) = (%d, %d)", *(a.shape[0] for a in example))
-    t0 = time.perf_counter()
-    try:
-        programs = {"model": export_model(wrapper, example)}
-    except Exception as e:
-        raise ExportError(f"torch.export of the SAM3 wrapper failed: {first_line(e)}") from e
-    seconds = time.perf_counter() - t0
-    log.info("model exported in %.1f s", seconds)
     image_size = config.vision_config.backbone_config.image_size
     transforms = ImageTransforms(image_size).eval()
-    try:
-        programs["transforms"] = export_transforms(transforms, transforms_example(opts, device))
-    except Exception as e:
-        raise ExportError(f"torch.export of the image transforms failed: {first_line(e)}") from e
+    programs, seconds = export_programs(wrapper, example, False, transforms, transforms_example(opts, device))
+    log.info("model exported in %.1f s", seconds["model"])
     model_run = programs["model"].module()  # made once for both checks (unlifting a graph is seconds)
     for b, p in [(opts["check_batch"], opts["check_prompts"]), (1, 1)]:
         args = example_inputs(config, b, p, seed=1, device=device)
@@ -53,7 +41,7 @@ def run(settings: Settings) -> None:
     check_against_eager("transforms", programs["transforms"].module(), transforms, (check_image,), 1e-5)
     save_with_digest(programs, paths.exported, paths.program_digest, log)
     record(paths.manifest, "export", [paths.exported, paths.program_digest], {
-        "export_seconds": round(seconds, 2), "image_size": image_size, **settings.fingerprint("export"),
+        "export_seconds": round(seconds["model"], 2), "image_size": image_size, **settings.fingerprint("export"),
     })
 
 
