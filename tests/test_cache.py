@@ -561,3 +561,13 @@ def test_an_older_signed_ref_put_back_is_refused_unless_asked_for(cache_url, tmp
     pull(cache_url, "r", tmp_path / "node", trusted, allow_older=True)
     assert (tmp_path / "node" / "sam3.pt2").read_bytes() == b"PK version 1"
     assert "issued" in json.loads((tmp_path / "node" / "origin.json").read_text())
+
+
+def test_a_build_pushes_every_stage_a_cache_holds_by_default():
+    """pipeline.toml's `[cache] push` names every stage the cache holds, the parts' compile too: a builder that
+    pushes as it builds leaves its fleet nothing to compile."""
+    from sam3_aoti.pipeline.settings import load_settings
+    from tasks import cache
+
+    assert "compile_parts" in cache.CACHED
+    assert set(load_settings(device="cpu").stage("cache")["push"]) == set(cache.CACHED)
