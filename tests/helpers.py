@@ -89,7 +89,7 @@ def start_build(done: Path, *args: str) -> bool:
     """Build `done` (`doit ARGS` in a copy of the checkout) in a background thread, unless it is built or a
     thread or process of this machine is building it (a lock beside it): a test run starts its builds at
     collection, and its first tests run while they build. A failure is left for `wait_for_build`, which then
-    builds it again in the open."""
+    says it (a warning) and builds it again in the open."""
     import fcntl
     import threading
 
@@ -109,8 +109,8 @@ def start_build(done: Path, *args: str) -> bool:
     def build() -> None:
         try:
             _build_into(done, *args)
-        except Exception:
-            pass
+        except Exception as e:  # kept for `wait_for_build`, which says it
+            done.with_name(f"{done.name}.failed.txt").write_text(str(e))
         finally:
             lock.close()
 
@@ -126,6 +126,12 @@ def wait_for_build(done: Path, *args: str, edits: tuple = ()) -> Path:
     with open(done.with_name(f"{done.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.is_dir():
+            failed = done.with_name(f"{done.name}.failed.txt")
+            if failed.exists():  # the background build's failure: said, then built again in the open
+                import warnings
+
+                warnings.warn(f"the background build of {done.name} failed, building it again: "
+                              f"{failed.read_text()[-3000:]}")
             _build_into(done, *args, edits=edits)
     return done
 
