@@ -42,7 +42,7 @@ INPUTS = {"weights": (), "export": ("weights",), "fallback": ("weights", "export
           **({"export_parts": ("weights",), "compile_parts": ("export_parts",)} if SETTINGS.split else {}),
           "package": ("weights", "export", "fallback", "compile", *PARTS), "verify": ("package",),
           "render": ("package",)}
-COMPILES = {"compile": "program_digest", "compile_parts": "parts_digest"}  # keyed by content: their program digest
+COMPILES = ("compile", "compile_parts")  # keyed by content: their program digest (ProfilePaths.compiled_archive)
 # What a cache holds: weights and the exports are rebuilt from inputs.
 CACHED = ("compile", *PARTS[1:], "package", "verify", "render")
 TABLES = {"export_parts": ("export",), "compile_parts": ("compile",)}  # pipeline.toml tables beside the stage's own
@@ -55,7 +55,7 @@ def say(line: str) -> None:
 
 def units(stage: str) -> list[str]:
     """What a stage's cache entry holds, relative to the variant's folder (files, or folders taken whole)."""
-    paths = {"compile": [PATHS.compiled], "compile_parts": [PATHS.compiled_parts],
+    paths = {**{name: [PATHS.compiled_archive(name).folder] for name in COMPILES},
              "package": [PATHS.package, PATHS.fallback_package, *map(_digest_file, [PATHS.package, PATHS.fallback_package])],
              "verify": [PATHS.verify_report_json, PATHS.verify_report_md, PATHS.verify_report_html],
              "render": [PATHS.render_dir]}[stage]
@@ -128,7 +128,7 @@ def derivation_key(stage: str) -> str:
 
 def compile_content_key(stage: str) -> str:
     """A compile by what it compiles: its program digest, not the weights' key (its export must have run)."""
-    program = json.loads(getattr(PATHS, COMPILES[stage]).read_text())["sha256"]
+    program = json.loads(PATHS.compiled_archive(stage).digest.read_text())["sha256"]
     return digest({**_common(stage), "program_sha256": program, "toolchain": toolchain_facts()})
 
 

@@ -83,11 +83,12 @@ class stopping_kills_workers:
         self.pool.shutdown(wait=kind is None, cancel_futures=True)
 
 
-def compile_archive(settings: Settings, stage: str, archive: Path, expected: tuple[str, ...], digest_path: Path,
-                    dest: Path, toolchain: dict) -> None:
-    """Compile the programs of `archive` (the `expected` ones) into `dest` (its files per model and an index.json
-    that names the program digest it is for), and record the stage. `toolchain`: the compiler setup it ran with."""
+def compile_archive(settings: Settings, stage: str, toolchain: dict) -> None:
+    """`stage` (`compile` or `compile_parts`): compile the programs of its archive (`ProfilePaths.compiled_archive`)
+    into its folder (their files per model and an index.json that names the program digest it is for), and record
+    the stage. `toolchain`: the compiler setup it ran with."""
     paths = ProfilePaths.of(settings)
+    archive, expected, digest_path, dest = paths.compiled_archive(stage)
     weights = archive.stat().st_size  # about the weights' size: the exported programs are mostly that
     # AOTInductor writes its blob and code in its cache; `keep_compiled` rebuilds the blob here to check it.
     cache = inductor_cache()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from ..runtime.archive import fallback_of
+from ..runtime.archive import MODEL_NAMES, PART_NAMES, fallback_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG = REPO_ROOT / "pipeline.toml"
@@ -54,6 +55,15 @@ def space_free(path: Path) -> Path:
         os.symlink(path, tmp)
         os.replace(tmp, link)
     return link
+
+
+class CompiledArchive(NamedTuple):
+    """What one compile stage reads and writes: the exported archive, the programs it must hold, their digest (the
+    compile's key) and the folder of AOTInductor's files."""
+    archive: Path
+    programs: tuple[str, ...]
+    digest: Path
+    folder: Path
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,12 @@ class ProfilePaths:
     @property
     def compiled_parts_index(self) -> Path:
         return self.compiled_parts / "index.json"
+
+    def compiled_archive(self, stage: str) -> CompiledArchive:
+        """`compile`'s (model and transforms) or `compile_parts`' (the parts) inputs and outputs."""
+        if stage == "compile":
+            return CompiledArchive(self.exported, MODEL_NAMES, self.program_digest, self.compiled)
+        return CompiledArchive(self.exported_parts, PART_NAMES, self.parts_digest, self.compiled_parts)
 
     @property
     def tuning(self) -> Path:

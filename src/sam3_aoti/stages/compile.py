@@ -11,16 +11,13 @@ running AOTInductor again.
 from __future__ import annotations
 
 from ..aoti.workers import compile_archive
-from ..pipeline.paths import ProfilePaths, ToolchainPaths
+from ..pipeline.paths import ToolchainPaths
 from ..pipeline.settings import Settings
-from ..runtime.archive import MODEL_NAMES
 from ..toolchain.cuda_env import compiler_setup
 
 
 def run(settings: Settings) -> None:
-    paths = ProfilePaths.of(settings)
-    compile_archive(settings, "compile", paths.exported, MODEL_NAMES, paths.program_digest, paths.compiled,
-                    compiler_setup(ToolchainPaths.of(settings).env_file))
+    compile_archive(settings, "compile", compiler_setup(ToolchainPaths.of(settings).env_file))
 
 
 if __name__ == "__main__":

@@ -73,11 +73,9 @@ def weights_layout(index: dict) -> dict[str, list]:
 def compiled_programs(paths: ProfilePaths, split: bool) -> tuple[dict, dict, dict]:
     """Both compiles' indexes as one (model's and transforms', and the parts'), each checked to be for the
     exported programs here; which archive holds each program, and which folder its compiled files."""
-    stages = [("compile", paths.compiled, paths.program_digest, paths.exported)]
-    if split:
-        stages.append(("compile_parts", paths.compiled_parts, paths.parts_digest, paths.exported_parts))
     index, archives, folders = None, {}, {}
-    for stage, folder, digest_path, archive in stages:
+    for stage in ("compile", "compile_parts") if split else ("compile",):
+        archive, _, digest_path, folder = paths.compiled_archive(stage)
         compiled = json.loads((folder / "index.json").read_text())
         if compiled["program_sha256"] != json.loads(digest_path.read_text())["sha256"]:
             raise PackageError(f"the compiled code is for another exported program: run `uv run doit {stage}`")
