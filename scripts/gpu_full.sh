@@ -70,6 +70,9 @@
 #          package. `start again ceiling` runs both again with this checkout's code
 #   fc1:   no build, after segment's and ceiling's figures, alone: experiments/fp8_fc1_fused.py (the ViT MLP's fc1, bias,
 #          GELU and group quantization as one Triton fp8 GEMM, every launch shape, against today's two kernels)
+#   vitattn: no build, after fc1, alone: experiments/vit_global_attention.py (the ViT's global attention, 5,184 tokens,
+#          head dim 64: SDPA's kernels against the project's Triton kernel and a TMA one, with and without warp
+#          specialization)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
@@ -390,7 +393,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -450,6 +453,8 @@ run_all() {
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
     [[ $runs == *" fc1 "* ]] && (cd "$WORK/fc1" && step fp8-fc1-fused scripts/gpu_run.sh --python \
         experiments/fp8_fc1_fused.py --out "$RESULTS/fp8-fc1-fused")
+    [[ $runs == *" vitattn "* ]] && (cd "$WORK/vitattn" && step vit-global-attention scripts/gpu_run.sh --python \
+        experiments/vit_global_attention.py --out "$RESULTS/vit-global-attention")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)

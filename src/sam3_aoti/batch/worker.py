@@ -6,11 +6,14 @@ call them too: `encode_masks(segmenter(decode_batch(batch)))`."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from ..errors import PackageError, Sam3AotiError
 from .schemas import decoded_schema, found_schema
+
+log = logging.getLogger(__name__)
 
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
@@ -143,11 +146,13 @@ class Segmenter:
         from ..runtime.loader import load_package
         from .sources import decode
 
+        t0 = time.perf_counter()
         if isinstance(package, dict):  # checked against the digest the signed ref named, not the file beside it
             path, sha256 = pulled_package(package), package["sha256"]
         else:
             path = Path(package)
         self.package = load_package(path, trust=trust, sha256=sha256)
+        self.startup_s = {"load_package": round(time.perf_counter() - t0, 2)}  # where an actor's start goes
         self.device = package_device(self.package.metadata)
         self.prompts = list(prompts) or [VISUAL_PROMPT]
         self.masks_stream = None  # where the masks are made: the current stream
@@ -157,12 +162,15 @@ class Segmenter:
         self.pad_to = batch_size if self.package.cuda_graphs == "on" else None
         self.threshold = threshold
         self.exemplars = None
+        t0 = time.perf_counter()
         with torch.inference_mode():
             self.token_ids = self.package.encode_prompts(self.prompts).to(self.device)
             if boxes:
                 drawn_on = decode(boxes_on, boxes_on_sha256)
                 normalized = normalized_boxes(list(boxes), list(labels), drawn_on.shape[1], drawn_on.shape[0])
                 self.exemplars = encode_exemplars(self.package, normalized, drawn_on, self.device)
+        self.startup_s["prompts_and_exemplars"] = round(time.perf_counter() - t0, 2)
+        log.info("segment actor ready: %s", ", ".join(f"{k} {v} s" for k, v in self.startup_s.items()))
 
     def __call__(self, batch):
         """`batch`: `decode_batch`'s table (its pixels are then read where Ray's object store holds them, uncopied)
