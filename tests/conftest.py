@@ -1,5 +1,6 @@
 """Fixtures and hooks only (shared helpers live in helpers.py). No torch at collection: the quick loop starts fast."""
 
+import json
 import os
 import shutil
 import time
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY, build_key, build_root, copy_build, start_build, wait_for_build
+from helpers import BUILD_SPANS, TINY, build_key, build_root, copy_build, start_build, wait_for_build
 
 
 def pytest_configure(config):
@@ -78,6 +79,10 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", "the last 5 tests to end (seconds after the first began)")
     for (start, stop), nodeid in sorted(spans, key=lambda span: span[0][1])[-5:]:
         terminalreporter.write_line(f"{start - first:7.0f} -> {stop - first:5.0f} s  {nodeid}")
+    if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # every test's span and CPU, and the builds', for a timeline
+        tests = [{"test": r.nodeid, "start": span[0], "stop": span[1], "cpu_s": dict(r.user_properties)["cpu_s"]}
+                 for r, (span, _) in zip(reports, spans)]
+        Path(os.environ["SAM3_AOTI_TEST_SPANS"]).write_text(json.dumps({"tests": tests, "builds": BUILD_SPANS}))
 
 
 def busy_cores(seconds: float = 0.3) -> float:
@@ -146,8 +151,8 @@ class BuildsFirst:
         and the modules that need none run first, while they build."""
         wanted = set().union(*(getattr(item, "fixturenames", ()) for item in items
                                if not item.get_closest_marker("skip")))
-        if "second_clean_build" in wanted:
-            start_build(second_build(config), "package", "device=cpu")
+        if "second_clean_build" in wanted:  # behind the first (niced): its two tests run last, and the first's
+            start_build(second_build(config), "package", "device=cpu", nice=10)  # readers wait for it
         if "built_repo" in wanted and not os.environ.get("SAM3_AOTI_TEST_BUILT_REPO"):
             start_build(the_build(), "device=cpu")
         items.sort(key=build_order(items))

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,11 +57,12 @@ def build_root() -> Path:
 
 
 _BUILDING: list = []  # the doit processes this process's background builds run, killed if it exits first
+BUILD_SPANS: list = []  # each background build of this process: its folder name, start, stop (time.time()), exit code
 
 
-def _build_into(done: Path, *args: str, edits: tuple = ()) -> None:
+def _build_into(done: Path, *args: str, edits: tuple = (), env: dict | None = None) -> None:
     """`doit ARGS` in a fresh copy of the checkout (its pipeline.toml with each (old, new) of `edits` replaced
-    once), renamed to `done` once it succeeded."""
+    once; `env` added to its environment), renamed to `done` once it succeeded."""
     scratch = done.with_name(f".{done.name}.building")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -68,10 +70,12 @@ def _build_into(done: Path, *args: str, edits: tuple = ()) -> None:
     for old, new in edits:
         assert old in config.read_text(), old
         config.write_text(config.read_text().replace(old, new, 1))
-    proc = start_doit(scratch, *args)
+    started = time.time()
+    proc = start_doit(scratch, *args, env=env)
     _BUILDING.append(proc)
     output, _ = proc.communicate()
     _BUILDING.remove(proc)
+    BUILD_SPANS.append({"build": done.name, "start": started, "stop": time.time(), "returncode": proc.returncode})
     if proc.returncode != 0:
         raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{output[-6000:]}")
     scratch.rename(done)
@@ -85,11 +89,11 @@ def _stop_builds() -> None:
 atexit.register(_stop_builds)
 
 
-def start_build(done: Path, *args: str) -> bool:
+def start_build(done: Path, *args: str, nice: int | None = None) -> bool:
     """Build `done` (`doit ARGS` in a copy of the checkout) in a background thread, unless it is built or a
     thread or process of this machine is building it (a lock beside it): a test run starts its builds at
-    collection, and its first tests run while they build. A failure is left for `wait_for_build`, which then
-    says it (a warning) and builds it again in the open."""
+    collection, and its first tests run while they build. `nice`: how far its stages step back ($SAM3_AOTI_NICE).
+    A failure is left for `wait_for_build`, which then says it (a warning) and builds it again in the open."""
     import fcntl
     import threading
 
@@ -108,7 +112,7 @@ def start_build(done: Path, *args: str) -> bool:
 
     def build() -> None:
         try:
-            _build_into(done, *args)
+            _build_into(done, *args, env=None if nice is None else {"SAM3_AOTI_NICE": str(nice)})
         except Exception as e:  # kept for `wait_for_build`, which says it
             done.with_name(f"{done.name}.failed.txt").write_text(str(e))
         finally:
@@ -176,14 +180,14 @@ def executed(proc: subprocess.CompletedProcess) -> set[str]:
     return {line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")}
 
 
-def start_doit(repo: Path, *args: str) -> subprocess.Popen:
+def start_doit(repo: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """`doit` in the background, in a process group of its own (os.killpg stops it; its stage dies with it),
-    with Ctrl-C as a terminal delivers it (a background shell ignores SIGINT)."""
+    with Ctrl-C as a terminal delivers it (a background shell ignores SIGINT); `env` added to its environment."""
     path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def hf_tokenizer_files(folder: Path, merges_text: str) -> None:
