@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BUILD_SPANS, TINY, build_key, build_root, copy_build, start_build, wait_for_build
+from helpers import TINY, build_key, build_root, copy_build, start_build, wait_for_build
 
 
 def pytest_configure(config):
@@ -34,6 +34,8 @@ def pytest_configure(config):
     config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
     if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
         os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build
+        if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # this run's builds only
+            Path(f"{os.environ['SAM3_AOTI_TEST_SPANS']}.builds").unlink(missing_ok=True)
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
@@ -80,9 +82,13 @@ def pytest_terminal_summary(terminalreporter):
     for (start, stop), nodeid in sorted(spans, key=lambda span: span[0][1])[-5:]:
         terminalreporter.write_line(f"{start - first:7.0f} -> {stop - first:5.0f} s  {nodeid}")
     if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # every test's span and CPU, and the builds', for a timeline
+        path = Path(os.environ["SAM3_AOTI_TEST_SPANS"])
         tests = [{"test": r.nodeid, "start": span[0], "stop": span[1], "cpu_s": dict(r.user_properties)["cpu_s"]}
                  for r, (span, _) in zip(reports, spans)]
-        Path(os.environ["SAM3_AOTI_TEST_SPANS"]).write_text(json.dumps({"tests": tests, "builds": BUILD_SPANS}))
+        built = path.with_name(f"{path.name}.builds")
+        builds = [json.loads(line) for line in built.read_text().splitlines()] if built.exists() else []
+        built.unlink(missing_ok=True)
+        path.write_text(json.dumps({"tests": tests, "builds": builds}))
 
 
 def busy_cores(seconds: float = 0.3) -> float:
