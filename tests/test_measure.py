@@ -108,7 +108,6 @@ def test_each_section_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny
         assert torch.allclose(compiled.run()[0], sections["scoring"].run()[0], atol=1e-5)
 
 
-
 def test_a_compiled_section_is_compiled_once_and_timed_at_each_shape(wrapper, tiny_model):
     """bench's "compiled" sections (`time_section`): a section recorded at another shape reuses the callable
     torch.compile gave it at the first, and each shape gets its time, FLOPs and rate."""
@@ -125,6 +124,7 @@ def test_a_compiled_section_is_compiled_once_and_timed_at_each_shape(wrapper, ti
     assert list(compiled) == [("scoring", 0)] and compiled == first  # one torch.compile, kept across shapes
     assert all(r["median_ms"] > 0 and r["flop"] > 0 and r["tflop_per_s"] >= 0 for r in rows)
     assert rows[1]["flop"] > rows[0]["flop"]  # counted per shape
+
 
 def test_the_load_comparison_times_two_runtimes_and_refuses_what_cannot_load(package_path, tmp_path):
     """scripts/compare_load_times.py: this checkout against a folder copy of its src/ (a revision's stand-in),

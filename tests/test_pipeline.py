@@ -188,7 +188,7 @@ def test_bench_runs_alone_and_writes_a_table(own_build):
         assert all(v["median_ms"] > 0 and v["p90_ms"] >= v["median_ms"] and v["images_per_s"] > 0
                    for v in r["backends"].values())
         assert r["flop"] > 0
-        by_section = r["sections"]  # each section compiled alone, fed what the whole call gives it
+        by_section = r["sections"]  # each section alone, fed what the whole call gives it
         assert by_section["how"] == "eager" and list(by_section["sections"]) == [
             "ViT", "text encoder", "geometry encoder", "DETR encoder", "DETR decoder", "mask decoder", "scoring"]
         assert all(v["median_ms"] > 0 and v["flop"] > 0 and v["tflop_per_s"] >= 0 and v["weight_bytes"] > 0

@@ -15,6 +15,7 @@ from .schemas import decoded_schema, found_schema
 
 log = logging.getLogger(__name__)
 
+
 def decode_batch(batch: dict):
     """CPU side: each `source` read and decoded (`sources.decode`, as `predict` reads a file) into `pixels` (the
     HxWx3 uint8 bytes), `width`, `height`; a file that cannot be segmented gets its one-line reason in `error`
