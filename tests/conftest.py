@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY, build_key, build_root, copy_build, start_build, wait_for_build
+from helpers import RUN_SPANS, TINY, build_key, build_root, copy_build, start_build, wait_for_build
 
 
 def pytest_configure(config):
@@ -34,8 +34,12 @@ def pytest_configure(config):
     config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
     if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
         os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build
-        if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # this run's builds only
-            Path(f"{os.environ['SAM3_AOTI_TEST_SPANS']}.builds").unlink(missing_ok=True)
+        # The timeline file is this run's: a pytest that one of its tests starts writes none (it would take the
+        # builds' spans); the workers and builds find it under RUN_SPANS.
+        config.spans_path = os.environ.pop("SAM3_AOTI_TEST_SPANS", None)
+        if config.spans_path:
+            os.environ[RUN_SPANS] = config.spans_path
+            Path(f"{config.spans_path}.builds").unlink(missing_ok=True)
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
@@ -81,8 +85,8 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", "the last 5 tests to end (seconds after the first began)")
     for (start, stop), nodeid in sorted(spans, key=lambda span: span[0][1])[-5:]:
         terminalreporter.write_line(f"{start - first:7.0f} -> {stop - first:5.0f} s  {nodeid}")
-    if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # every test's span and CPU, and the builds', for a timeline
-        path = Path(os.environ["SAM3_AOTI_TEST_SPANS"])
+    if getattr(terminalreporter.config, "spans_path", None):  # every test's and build's span, for a timeline
+        path = Path(terminalreporter.config.spans_path)
         tests = [{"test": r.nodeid, "start": span[0], "stop": span[1], "cpu_s": dict(r.user_properties)["cpu_s"]}
                  for r, (span, _) in zip(reports, spans)]
         built = path.with_name(f"{path.name}.builds")

@@ -56,6 +56,7 @@ def build_root() -> Path:
     return Path(os.environ.get("SAM3_AOTI_TEST_BUILDS") or Path.home() / ".cache" / "sam3-aoti" / "test-builds")
 
 
+RUN_SPANS = "SAM3_AOTI_TEST_RUN_SPANS"  # the run's $SAM3_AOTI_TEST_SPANS, where its builds add their spans
 _BUILDING: list = []  # the doit processes this process's background builds run, killed if it exits first
 
 
@@ -74,8 +75,8 @@ def _build_into(done: Path, *args: str, edits: tuple = (), env: dict | None = No
     _BUILDING.append(proc)
     output, _ = proc.communicate()
     _BUILDING.remove(proc)
-    if os.environ.get("SAM3_AOTI_TEST_SPANS"):  # for the run's timeline (conftest), from whichever worker built it
-        with open(f"{os.environ['SAM3_AOTI_TEST_SPANS']}.builds", "a") as spans:
+    if os.environ.get(RUN_SPANS):  # for the run's timeline (conftest), from whichever worker built it
+        with open(f"{os.environ[RUN_SPANS]}.builds", "a") as spans:
             spans.write(json.dumps({"build": done.name, "start": started, "stop": time.time(),
                                     "returncode": proc.returncode}) + "\n")
     if proc.returncode != 0:
