@@ -31,7 +31,9 @@ def pytest_configure(config):
     # The run's own builds at full priority (unless set): its build-reading tests wait for them, and niced
     # builds behind the tests that need none finished at 363 s instead of 154 (benchmarks/cpu-2026-12-05-nice).
     os.environ.setdefault("SAM3_AOTI_NICE", "0")
-    config.run_id = config.workerinput["testrunuid"] if hasattr(config, "workerinput") else uuid.uuid4().hex
+    if not hasattr(config, "workerinput"):  # a new id, even in a pytest that a test starts; the workers inherit it
+        os.environ[RUN_ID] = uuid.uuid4().hex
+    config.run_id = os.environ[RUN_ID]
     if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
         os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build
         # The timeline file is this run's: a pytest that one of its tests starts writes none (it would take the
@@ -122,6 +124,7 @@ def pytest_xdist_auto_num_workers(config):
 
 
 BUILD_KEY = "SAM3_AOTI_TEST_BUILD_KEY"
+RUN_ID = "SAM3_AOTI_TEST_RUN_ID"  # the run's id (its second build's folder), set by its own process
 
 
 def the_build() -> Path:
@@ -195,9 +198,14 @@ def built_repo(tmp_path_factory) -> Path:
 def second_clean_build(request) -> Path:
     """Another clean checkout built to `package`, cold (started at collection, beside the first), in a folder
     whose path has spaces."""
-    clean = wait_for_build(second_build(request.config), "package", "device=cpu")
-    yield clean
-    shutil.rmtree(clean.parents[1], ignore_errors=True)
+    return wait_for_build(second_build(request.config), "package", "device=cpu")
+
+
+def pytest_sessionfinish(session):
+    """The second clean build is removed by the run's own process once every worker is done: a worker's session
+    ends while another may still read the build (its two tests can run on two workers)."""
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(second_build(session.config).parents[1], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

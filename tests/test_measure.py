@@ -108,6 +108,7 @@ def test_each_section_re_runs_alone_on_what_the_whole_call_gave_it(wrapper, tiny
         assert torch.allclose(compiled.run()[0], sections["scoring"].run()[0], atol=1e-5)
 
 
+@pytest.mark.slow  # torch.compile of a section, at two shapes
 def test_a_compiled_section_is_compiled_once_and_timed_at_each_shape(wrapper, tiny_model):
     """bench's "compiled" sections (`time_section`): a section recorded at another shape reuses the callable
     torch.compile gave it at the first, and each shape gets its time, FLOPs and rate."""
