@@ -32,7 +32,8 @@
 #          fresh clone B (empty Inductor cache) substitutes from the folder, then loads and runs the package;
 #          clone C does the same over S3 (rclone serve s3 of that folder on 127.0.0.1); clone D, a new weights
 #          seed, substitutes the compile and re-packages. A pushes signed by a key made here; B, C, D trust it.
-#   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv)
+#   fresh: a fresh box with no cache at all: the bf16 package from nothing, toolchain to render (timings.tsv), on the
+#          pinned toolkit (TOOLKIT=machine: the machine's)
 #   split: the same with [export] split on for sam3 (the model also as encode_image, encode_text, decode),
 #          then (once every other run has ended) bench of the eager and AOTI columns (SPLIT_COLUMNS, a TOML
 #          list, picks others), with the split models' table, then parity with Meta's SAM3 under bf16 autocast
@@ -70,12 +71,12 @@
 #          package. `start again ceiling` runs both again with this checkout's code
 #   fc1:   no build, after segment's and ceiling's figures, alone: experiments/fp8_fc1_fused.py (the ViT MLP's fc1, bias,
 #          GELU and group quantization as one Triton fp8 GEMM, every launch shape, against today's two kernels)
-#   vitattn: no build, after fc1, alone: experiments/vit_global_attention.py (the ViT's global attention, 5,184 tokens,
-#          head dim 64: SDPA's kernels against the project's Triton kernel and a TMA one, with and without warp
-#          specialization)
+#   vitattn: no build, after fc1, alone: experiments/vit_attention.py (the ViT's windowed and global attentions, 576
+#          and 5,184 tokens, head dim 64, at 1 and 16 images: SDPA's kernels against the project's Triton kernel and a
+#          TMA one)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
-# Every build uses the pinned pip toolkit (.cuda-whl, carried over two calls) with the machine's own toolkit out
+# Every build uses the pinned pip toolkit (.cuda-whl: .cuda-whl/rest on one call, .cuda-whl/nvvm/a and b on two more) with the machine's own toolkit out
 # of sight (no CUDA_HOME, nothing named cuda on PATH); TOOLKIT=machine in the environment uses the machine's
 # own from the start. Where the pinned toolchain fails, a build falls back to toolkit=machine (the build's log
 # and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
@@ -296,10 +297,13 @@ for line in sys.stdin:
     return "${PIPESTATUS[0]}"
 }
 
-fresh_run() {  # the timeline says where the seconds between the stages' own clocks go
+fresh_run() {  # the default chain as a user runs it, on the pinned toolkit with the machine's hidden (TOOLKIT=machine:
+    # the machine's); the timeline says where the seconds between the stages' own clocks go
+    local run=(hidden scripts/gpu_run.sh $SAM3 precision=bf16) toolkit=toolkit=pinned
+    [[ ${TOOLKIT:-pinned} == machine ]] && run=(scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine) toolkit=toolkit=machine
     env | grep '^PYTHON' | sort > "$RESULTS/fresh-python-env.txt"
-    cd "$WORK/fresh" && timed fresh-box stamped "$RESULTS/fresh-box.timeline" \
-        scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine
+    cd "$WORK/fresh" && echo "$toolkit" > toolkit.txt  # what the runs after it build with
+    timed fresh-box stamped "$RESULTS/fresh-box.timeline" "${run[@]}"
     scripts/gpu_run.sh --python scripts/cache_figures.py "$RESULTS" > "$RESULTS/cache.md"
 }
 
@@ -437,8 +441,7 @@ run_all() {
     [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
-        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' &&
-            echo toolkit=machine > toolkit.txt)
+        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"')
         # BENCH_SHAPES (a TOML list, e.g. "[[16, 1]]": the shape segment is held to) for a run short of device time
         [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" \
             "$WORK/fresh/pipeline.toml"
@@ -453,8 +456,8 @@ run_all() {
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
     [[ $runs == *" fc1 "* ]] && (cd "$WORK/fc1" && step fp8-fc1-fused scripts/gpu_run.sh --python \
         experiments/fp8_fc1_fused.py --out "$RESULTS/fp8-fc1-fused")
-    [[ $runs == *" vitattn "* ]] && (cd "$WORK/vitattn" && step vit-global-attention scripts/gpu_run.sh --python \
-        experiments/vit_global_attention.py --out "$RESULTS/vit-global-attention")
+    [[ $runs == *" vitattn "* ]] && (cd "$WORK/vitattn" && step vit-attention scripts/gpu_run.sh --python \
+        experiments/vit_attention.py --out "$RESULTS/vit-attention")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)

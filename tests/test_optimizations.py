@@ -59,8 +59,8 @@ def test_each_alone_and_all_together_compute_what_transformers_does(tiny_model, 
             assert torch.equal(g, w)
 
 def test_all_of_them_together_run_the_projects_ops(tiny_model):
-    """All together, the box-bias MLPs go through the op `sam3_aoti::box_bias_mlp` and the DETR encoder's
-    self-attentions and the decoder's box-biased cross-attentions through `sam3_aoti::attention` (each call
+    """All together, the box-bias MLPs go through the op `sam3_aoti::box_bias_mlp` and the ViT's attentions, the DETR
+    encoder's self-attentions and the decoder's box-biased cross-attentions through `sam3_aoti::attention` (each call
     counted), and the outputs are transformers'. A box bias or an attention off by 0.1 % moves them, so the
     comparison sees both ops."""
     import sam3_aoti.runtime.attention as attention
@@ -85,8 +85,9 @@ def test_all_of_them_together_run_the_projects_ops(tiny_model):
             patch.setattr(attention, "reference", lambda *args: sdpa(*args) * 1.001)
             off_attention = fast(images, token_ids)
     decoder_layers, encoder_layers = len(model.detr_decoder.layers), len(model.detr_encoder.layers)
+    vit_layers = len(model.vision_encoder.backbone.layers)
     assert calls.count("mlp") == 2 * decoder_layers  # the x and y MLPs of every layer
-    assert calls.count(True) == decoder_layers and calls.count(False) == encoder_layers  # biased, plain
+    assert calls.count(True) == decoder_layers and calls.count(False) == encoder_layers + vit_layers  # biased, plain
     for name, g, w in zip(("logits", "boxes", "masks", "presence"), got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
     for off in (off_bias, off_attention):

@@ -116,7 +116,7 @@ PARITY_PRECISIONS = tuple(name for name, p in PRECISIONS.items() if p.parity)  #
 REQUIRED, OPTIONAL = True, False
 # What `[export] optimizations` may name, in the order `model.optimizations` applies them (its registry; a test
 # holds the two equal): each computes what transformers does, faster
-OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "grid_bias_attention",
+OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "vit_attention_kernel", "grid_bias_attention",
                  "decoder_shared_projections", "pixel_decoder_per_image", "text_fused_qkv",
                  "group_norm_by_channel")
 PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}

@@ -12,7 +12,8 @@ from __future__ import annotations
 from .registry import REGISTRY, Optimization, optimize, part_submodules, register
 
 # The order they are applied in (the registry's), each after those its `after` names.
-from . import box_bias_kernel, relu_epilogue, attention_kernel, grid_bias_attention  # noqa: E402,F401  isort: skip
+from . import box_bias_kernel, relu_epilogue, attention_kernel, vit_attention_kernel  # noqa: E402,F401  isort: skip
+from . import grid_bias_attention  # noqa: E402,F401  isort: skip
 from . import decoder_shared_projections, pixel_decoder_per_image, text_fused_qkv  # noqa: E402,F401  isort: skip
 from . import group_norm_by_channel  # noqa: E402,F401  isort: skip
 
