@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where `segment`'s start-up goes before its own code runs (issue #49's 8 s): a local Ray's start, an actor that
+imports torch (as the model actor does) started at once or after the cluster's prestarted workers have come up,
+with and without Ray's `preload_python_modules`, and Ray Data's first run against its second on the same cluster
+(a trivial model actor). Each case in a fresh process; median of `--repeat` runs.
+
+Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASES = {
+    "actor importing torch, at once": {"sleep": 0, "preload": False},
+    "actor importing torch, 3 s after ray.init": {"sleep": 3, "preload": False},
+    "actor, torch preloaded in workers, at once": {"sleep": 0, "preload": True},
+    "actor, torch preloaded in workers, 3 s after ray.init": {"sleep": 3, "preload": True},
+}
+
+
+def one_case(sleep: float, preload: bool, cpus: int) -> dict:
+    """In this process: ray.init, then an actor whose constructor imports torch; seconds of each."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
+    t1 = time.perf_counter()
+    time.sleep(sleep)
+
+    @ray.remote(num_cpus=1)
+    class Model:
+        def __init__(self):
+            t = time.perf_counter()
+            import torch  # noqa: F401
+
+            self.import_s = time.perf_counter() - t
+
+        def ready(self):
+            return self.import_s
+
+    t2 = time.perf_counter()
+    import_s = ray.get(Model.remote().ready.remote())
+    t3 = time.perf_counter()
+    ray.shutdown()
+    return {"ray_init_s": t1 - t0, "actor_ready_s": t3 - t2, "actor_torch_import_s": import_s}
+
+
+def data_runs(cpus: int) -> dict:
+    """In this process: Ray Data's first and second run to the first batch on one cluster (a CPU map, then an
+    actor pool), after the prestarted workers have come up."""
+    import ray
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    time.sleep(3)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    class Model:
+        def __call__(self, batch):
+            return batch
+
+    firsts = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        dataset = ray.data.from_items([{"x": i} for i in range(64)], override_num_blocks=4).map_batches(
+            lambda b: b, batch_size=16).map_batches(Model, batch_size=16, num_cpus=0.5,
+                                                     compute=ray.data.ActorPoolStrategy(size=1))
+        next(iter(dataset.iter_batches(batch_size=None)))
+        firsts.append(time.perf_counter() - t0)
+    ray.shutdown()
+    return {"first_run_first_batch_s": firsts[0], "second_run_first_batch_s": firsts[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a process of its own
+    args = parser.parse_args()
+    if args.case:
+        result = data_runs(args.cpus) if args.case == "data" else one_case(**CASES[args.case], cpus=args.cpus)
+        print(json.dumps(result))
+        return
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}  # as segment starts Ray (batch/engine.py)
+    results = {}
+    for case in [*CASES, "data"]:
+        runs = [json.loads(subprocess.run([sys.executable, __file__, "--case", case, "--cpus", str(args.cpus)],
+                                          env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                for _ in range(args.repeat)]
+        results[case] = {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
+        print(case, results[case], flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "ray-start.json").write_text(json.dumps({"cpus": args.cpus, "repeat": args.repeat,
+                                                             "cases": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
