@@ -1,8 +1,7 @@
 """`segment` on a machine of several GPUs, as far as a CPU can show it: a local Ray that believes it has GPUs
 (`num_gpus=N`) gets one model actor per GPU from the engine's own pool (`engine.on_model_actors`), and each actor
-holds a GPU of its own, so a CUDA package would load once per GPU, in a worker that had imported what the model
-actor imports (the engine's Ray options for a CUDA package). Nothing here needs a model: the actors report where Ray
-placed them."""
+holds a GPU of its own, so a CUDA package would load once per GPU. Nothing here needs a model: the actors report
+where Ray placed them."""
 
 import os
 import sys
@@ -18,18 +17,9 @@ class WhereAmI:
     def __init__(self, pause: float):
         import ray
 
-        from sam3_aoti.batch.engine import GPU_ACTOR_MODULES
-
-        self.preloaded = all(name in sys.modules for name in GPU_ACTOR_MODULES)  # by the worker, before this actor
-        import torch
-
-        from sam3_aoti.batch.worker import threads_from_ray
-
-        threads_from_ray()  # as Segmenter does
         self.pause, self.gpus = pause, [str(g) for g in ray.get_gpu_ids()]
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.threads = os.environ.get("OMP_NUM_THREADS", "")  # Ray gives an actor as many as it holds CPUs
-        self.torch_threads = torch.get_num_threads()
 
     def __call__(self, batch) -> dict:  # the decoded batch as an Arrow table, as the pool hands it to Segmenter
         import time
@@ -37,8 +27,7 @@ class WhereAmI:
         time.sleep(self.pause)  # long enough that the pool hands every actor batches
         sources = batch.column("source").to_pylist()
         return {"source": sources, "pid": [os.getpid()] * len(sources), "gpus": [",".join(self.gpus)] * len(sources),
-                "visible": [self.visible] * len(sources), "threads": [self.threads] * len(sources),
-                "torch_threads": [self.torch_threads] * len(sources), "preloaded": [self.preloaded] * len(sources)}
+                "visible": [self.visible] * len(sources), "threads": [self.threads] * len(sources)}
 
 
 @pytest.mark.slow  # a local Ray
@@ -48,13 +37,13 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch):
 
     import ray
 
-    from sam3_aoti.batch.engine import on_model_actors, ray_options
+    from sam3_aoti.batch.engine import on_model_actors
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
     ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's sockets live there
     # as the engine does for a Ray it starts (Ray read the switch when it was imported)
     monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
-    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, _temp_dir=ray_tmp, **ray_options("cuda"))
+    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     try:
         context = ray.data.DataContext.get_current()
         monkeypatch.setattr(context, "enable_progress_bars", False)
@@ -68,8 +57,6 @@ def test_a_cuda_package_gets_one_actor_per_gpu_each_on_its_own_gpu(monkeypatch):
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert actors == GPUS and sorted(r["source"] for r in rows) == sorted(f"image-{i}" for i in range(8 * GPUS))
     assert actor_cpus == 1 and {r["threads"] for r in rows} == {"1"}  # 3 CPUs: a quarter per actor is under one
-    assert {r["torch_threads"] for r in rows} == {1}  # not every core, though the worker imported torch before
-    assert all(r["preloaded"] for r in rows)  # the worker had imported what Segmenter imports
     placed = {r["pid"]: (r["gpus"], r["visible"]) for r in rows}
     assert len(placed) == GPUS, placed  # every actor of the pool did work
     assert sorted(g for g, _ in placed.values()) == [str(i) for i in range(GPUS)], placed  # a GPU each, none twice
@@ -101,12 +88,12 @@ def test_a_killed_actor_is_restarted_on_its_gpu_and_every_image_comes_back_once(
 
     import ray
 
-    from sam3_aoti.batch.engine import on_model_actors, ray_options
+    from sam3_aoti.batch.engine import on_model_actors
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray_tmp = tempfile.mkdtemp(prefix="ray-")
     monkeypatch.setattr(ray._private.ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
-    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, _temp_dir=ray_tmp, **ray_options("cuda"))
+    ray.init(num_cpus=GPUS + 1, num_gpus=GPUS, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     marker = tmp_path / "died"
     try:
         context = ray.data.DataContext.get_current()

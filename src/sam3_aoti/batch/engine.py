@@ -22,11 +22,6 @@ from ..errors import ConfigError, PackageError, Sam3AotiError, first_line
 
 DECODE_BATCH = 4  # images a CPU task reads and decodes at once
 GPU_ACTOR_CPUS = 4  # the most CPUs a GPU actor holds (a quarter of the cluster's CPUs per actor at most)
-# What a GPU actor imports before it can load the package (2.7 s of an actor's start on the H100 box). A Ray this run
-# starts has its workers import them as they start, with ray.init, so an actor's process has them when Ray gives it
-# one: 2.0 -> 1.45 s to a torch actor ready on 2 CPUs, 0.29 s once the workers are up (experiments/ray_start.py).
-GPU_ACTOR_MODULES = ("torch", "pyarrow", "sam3_aoti.batch.worker", "sam3_aoti.runtime.loader",
-                     "sam3_aoti.runtime.inference", "sam3_aoti.runtime.postprocess")
 
 
 def batch_extra(module: str):
@@ -200,7 +195,7 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
     started_here = not ray.is_initialized()
     if started_here:
         try:
-            ray.init(address=ray_address, **ray_options(device))
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
             raise ConfigError(f"cannot start or reach Ray{f' at {ray_address}' if ray_address else ''} "
                               f"({first_line(e)})") from None
@@ -208,15 +203,6 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
     with stopped_by_signals(ray if started_here else None):
         ran = _run_with_ray(ray, todo, out, device, actors, actor_cpus, batch_size, segmenter)
     return {**ran, "ray_at": ray_at, "ray_up_at": ray_up_at}
-
-
-def ray_options(device: str) -> dict:
-    """`ray.init`'s options for a Ray this run starts: no dashboard, Ray's logs kept out of the run's; for a CUDA
-    package, its workers preload GPU_ACTOR_MODULES (best effort: Ray logs a module that does not import)."""
-    options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if device == "cuda":
-        options["_system_config"] = {"preload_python_modules": list(GPU_ACTOR_MODULES)}
-    return options
 
 
 @contextlib.contextmanager

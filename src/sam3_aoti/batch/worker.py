@@ -7,7 +7,6 @@ call them too: `encode_masks(segmenter(decode_batch(batch)))`."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -128,16 +127,6 @@ def pulled_package(spec: dict) -> Path:
     return folder / "sam3.pt2"
 
 
-def threads_from_ray() -> None:
-    """torch's CPU threads as many as the CPUs Ray gave this actor (`OMP_NUM_THREADS`, which Ray sets as it hands
-    the actor a worker). A worker that imported torch as it started (`engine.ray_options`' preload) read the
-    variable before Ray set it, and would use every core of the machine."""
-    import torch
-
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-
-
 class Segmenter:
     """`Segmenter(package, prompts)(batch)`: `batch` has `source`, `pixels`, `width`, `height`, `error` columns
     (`decode_batch`); the result has `source`, `width`, `height`, `error`, `seconds` and `instances` (a list per
@@ -158,7 +147,6 @@ class Segmenter:
         from ..runtime.loader import load_package
         from .sources import decode
 
-        threads_from_ray()
         t0 = time.perf_counter()
         if isinstance(package, dict):  # checked against the digest the signed ref named, not the file beside it
             path, sha256 = pulled_package(package), package["sha256"]

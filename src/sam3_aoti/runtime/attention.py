@@ -32,9 +32,11 @@ try:
 except ImportError:  # a CPU-only torch: the op runs SDPA
     triton = None
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), as experiments/attention_kernel.py measured them on the H200; a biased
-# key block is GRID_CELL x GRID_CELL grid cells (BLOCK_N = 64)
-CONFIG = {"plain": (64, 64, 4, 4), "biased": (64, 64, 4, 3)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), as experiments/attention_kernel.py measured them on the H200 (the DETR's
+# head dim 32) and experiments/vit_attention.py on an H100 (the ViT's head dim 64: its windows of 576 tokens, and
+# its global blocks of 5,184, "long"); a biased key block is GRID_CELL x GRID_CELL grid cells (BLOCK_N = 64)
+CONFIG = {"plain": (64, 64, 4, 4), "biased": (64, 64, 4, 3), "wide": (64, 64, 4, 3), "long": (128, 64, 8, 3)}
+LONG = 2048  # keys from which a head dim of 64 takes the "long" tiles
 GRID_CELL = 8
 MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
 
@@ -164,7 +166,8 @@ if triton is not None:
         k_len = key.shape[2]
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
         biased = bias_y is not None
-        block_m, block_n, warps, stages = config or CONFIG["biased" if biased else "plain"]
+        kind = "biased" if biased else "plain" if head_dim < 64 else "long" if k_len >= LONG else "wide"
+        block_m, block_n, warps, stages = config or CONFIG[kind]
         if biased:
             bias_y, bias_x = tables_in_rows(bias_y), tables_in_rows(bias_x)
             side = bias_x.shape[-1]
