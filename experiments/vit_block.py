@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""One of the ViT's layers at full size (a windowed one and a global one; random weights, bf16), compiled by Inductor
+as the package's AOTInductor compile would, with and without `vit_attention_kernel`: median ms at 16 images (`--images`),
+the kernels each call launches and the costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on
+the GPU where a build takes minutes.
+
+Usage: scripts/gpu_run.sh --python experiments/vit_block.py --out DIR
+       python experiments/vit_block.py --cpu      (tiny shapes on the CPU, eager: the variants agree)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+INTERFACE = "the kernel as transformers' attention interface"  # the rotary embedding on [B, H, L, D] views (b76c007)
+VARIANTS = {"transformers (SDPA)": (), INTERFACE: (INTERFACE,), "vit_attention_kernel": ("vit_attention_kernel",)}
+
+
+def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Module:
+    """A `Sam3ViTLayer` with random weights and the optimizations `names` applied to it."""
+    from transformers.models.sam3.modeling_sam3 import Sam3ViTLayer
+
+    from sam3_aoti.model.optimizations import REGISTRY
+
+    torch.manual_seed(0)
+    block = Sam3ViTLayer(config, window_size=window)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    holder = torch.nn.Module()  # what an optimization's apply() walks: `model.vision_encoder`
+    holder.vision_encoder = block
+    for name in names:
+        if name == INTERFACE:
+            from transformers import AttentionInterface
+
+            from sam3_aoti.model.optimizations.attention_kernel import KERNEL_ATTENTION, kernel_attention
+
+            AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
+            block.attention.config = copy.copy(block.attention.config)
+            block.attention.config._attn_implementation = KERNEL_ATTENTION
+        else:
+            REGISTRY[name].apply(holder)
+    return block.to(device, dtype).eval()
+
+
+def pipeline_sdpa_backends() -> list[str]:
+    """`[compile] sdpa_backends` of pipeline.toml: the SDPA kernels in the order the package's compile prefers them."""
+    import tomllib
+
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pipeline.toml").read_text())["compile"]["sdpa_backends"]
+
+
+def sdpa_priority(names):
+    import contextlib
+
+    from sam3_aoti.aoti.compile import sdpa_priority as priority
+
+    return priority(names) if names else contextlib.nullcontext()
+
+
+def kernels(fn, x, top: int = 6) -> dict:
+    """Launches per call and the `top` kernels by GPU time (ms per call), over 5 calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn(x)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    rows = sorted(events, key=lambda e: e.device_time_total, reverse=True)
+    return {"launches_per_call": sum(e.count for e in events) / 5,
+            "top": [{"kernel": e.key[:120], "ms_per_call": round(e.device_time_total / 5 / 1000, 4)} for e in rows[:top]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--images", default="16", help="batch sizes, comma-separated (default 16)")
+    args = parser.parse_args()
+    from sam3_aoti.model.configs import full_config, tiny_config
+    from sam3_aoti.measure.timing import time_calls
+
+    config = copy.copy((tiny_config() if args.cpu else full_config()).vision_config.backbone_config)
+    config._attn_implementation = "sdpa"  # as the model sets it for its layers
+    side = config.image_size // config.patch_size
+    device, dtype = ("cpu", torch.float32) if args.cpu else ("cuda", torch.bfloat16)
+    results = {"gpu": None if args.cpu else torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    for kind, window in (("windowed", config.window_size), ("global", 0)):
+        for images in ((2,) if args.cpu else [int(n) for n in args.images.split(",")]):
+            x = torch.randn(images, side, side, config.hidden_size, device=device, dtype=dtype)
+            want = None
+            for variant, names in VARIANTS.items():
+                block = layer(config, window, names, device, dtype)
+                with torch.no_grad(), sdpa_priority(None if args.cpu else pipeline_sdpa_backends()):
+                    run = block if args.cpu else torch.compile(block, fullgraph=True)
+                    got = run(x)
+                    got = got[0] if isinstance(got, tuple) else got
+                    want = got.float() if want is None else want
+                    row = {"layer": kind, "images": images, "variant": variant,
+                           "max_abs_vs_first": float((got.float() - want).abs().max())}
+                    if not args.cpu:
+                        row["ms"] = round(statistics.median(time_calls(run, (x,), "cuda", 3, 20)), 4)
+                        row.update(kernels(run, x))
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    if args.cpu:
+        assert all(r["max_abs_vs_first"] < 1e-4 for r in results["rows"]), results["rows"]
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "vit-block.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
