@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """One of the ViT's layers at full size (a windowed one and a global one; random weights, bf16), compiled by Inductor
-as the package's AOTInductor compile would, with and without `vit_attention_kernel`: median ms at 16 images (`--images`),
-the kernels each call launches and the costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on
-the GPU where a build takes minutes.
+as the package's AOTInductor compile would: transformers' (SDPA), with `vit_attention_kernel`, and with the candidate
+next to it, the rotary embedding applied in the projections' `[B, L, H, D]` layout, which the kernel reads as it is
+(transformers applies it to `[B, H, L, D]` views, which Inductor compiles to a transposing copy: about 0.68 ms a
+windowed layer at 16 images on an H100). Median ms at 16 images (`--images`), the kernels each call launches and the
+costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on the GPU where a build takes minutes.
 
 Usage: scripts/gpu_run.sh --python experiments/vit_block.py --out DIR
        python experiments/vit_block.py --cpu      (tiny shapes on the CPU, eager: the variants agree)
@@ -21,8 +23,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-INTERFACE = "the kernel as transformers' attention interface"  # the rotary embedding on [B, H, L, D] views (b76c007)
-VARIANTS = {"transformers (SDPA)": (), INTERFACE: (INTERFACE,), "vit_attention_kernel": ("vit_attention_kernel",)}
+IN_PLACE = "vit_attention_kernel, the rotary embedding in [B, L, H, D]"
+VARIANTS = {"transformers (SDPA)": (), "vit_attention_kernel": ("vit_attention_kernel",), IN_PLACE: (IN_PLACE,)}
+
+
+def in_place_attention():
+    """`Sam3ViTRoPEAttention` with its rotary embedding applied, and the kernel run, in the projections' layout."""
+    from transformers.models.sam3.modeling_sam3 import Sam3ViTRoPEAttention, apply_rotary_pos_emb_2d
+
+    from sam3_aoti.model import ops
+
+    class InPlaceViTAttention(Sam3ViTRoPEAttention):
+        def forward(self, hidden_states, position_embeddings, **kwargs):
+            batch, height, width, _ = hidden_states.shape
+            heads = (batch, height * width, self.num_attention_heads, self.head_dim)
+            query, key, value = (p(hidden_states).view(heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+            cos, sin = (t.reshape(height * width, 1, self.head_dim) for t in position_embeddings)  # any head
+            query, key = apply_rotary_pos_emb_2d(query, key, cos=cos, sin=sin)
+            out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), self.scaling)
+            return self.o_proj(out.reshape(batch, height, width, -1)), None
+
+    return InPlaceViTAttention
 
 
 def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Module:
@@ -38,14 +59,8 @@ def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Mod
     holder = torch.nn.Module()  # what an optimization's apply() walks: `model.vision_encoder`
     holder.vision_encoder = block
     for name in names:
-        if name == INTERFACE:
-            from transformers import AttentionInterface
-
-            from sam3_aoti.model.optimizations.attention_kernel import KERNEL_ATTENTION, kernel_attention
-
-            AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
-            block.attention.config = copy.copy(block.attention.config)
-            block.attention.config._attn_implementation = KERNEL_ATTENTION
+        if name == IN_PLACE:
+            block.attention.__class__ = in_place_attention()
         else:
             REGISTRY[name].apply(holder)
     return block.to(device, dtype).eval()
