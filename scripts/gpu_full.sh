@@ -76,9 +76,9 @@
 #          TMA one)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
-# Every build uses the pinned pip toolkit (.cuda-whl: .cuda-whl/rest on one call, .cuda-whl/nvvm/a and b on two more) with the machine's own toolkit out
-# of sight (no CUDA_HOME, nothing named cuda on PATH); TOOLKIT=machine in the environment uses the machine's
-# own from the start. Where the pinned toolchain fails, a build falls back to toolkit=machine (the build's log
+# Every build uses the pinned pip toolkit (.cuda-whl: .cuda-whl/rest on one call, .cuda-whl/nvvm/a and b on two
+# more) with the machine's own toolkit out of sight (no CUDA_HOME, nothing named cuda on PATH); TOOLKIT=machine in
+# the environment uses the machine's own from the start. Where the pinned toolchain fails, a build falls back to toolkit=machine (the build's log
 # and toolkit.txt say so), so the other figures still come. A full build whose compile fails with the masked
 # attentions on SDPA is retried once with them eager (pipeline.toml [export] masked_attention; its log says).
 # Builds share the machine's cores, so compile times are upper bounds; benches run after the builds, and the

