@@ -136,13 +136,14 @@ def test_the_box_bias_kernel_on_cuda_is_the_mlp_eager_and_compiled(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["detr", "biased", "vit"])
+@pytest.mark.parametrize("case", ["detr", "biased", "vit", "vit global"])
 def test_the_attention_kernel_on_cuda_is_sdpa_eager_and_compiled(case):
     """`attention_kernel`, `grid_bias_attention` and `vit_attention_kernel` on the GPU, as a bf16 build runs them:
     the op (eager and under torch.compile, which compiles the Triton kernel as AOTInductor does) on strided bf16
     views at SAM3's sizes (8 heads of 32, 72 x 72 image tokens; 201 queries with the box bias on all but the first,
     the presence token, as `decoder_shared_projections` hands it; the ViT's 16 heads of 64 over two images' 9
-    windows of 576 tokens) against fp32 SDPA on the same values."""
+    windows of 576 tokens, and over its global 5,184, each with tiles of its own) against fp32 SDPA on the same
+    values."""
     import torch
     import torch.nn.functional as F
 
@@ -151,7 +152,7 @@ def test_the_attention_kernel_on_cuda_is_sdpa_eager_and_compiled(case):
     torch.manual_seed(0)
     biased = case == "biased"
     pairs, heads, dim, keys, queries = {"detr": (3, 8, 32, 72 * 72, 72 * 72), "biased": (3, 8, 32, 72 * 72, 201),
-                                        "vit": (18, 16, 64, 576, 576)}[case]
+                                        "vit": (18, 16, 64, 576, 576), "vit global": (2, 16, 64, 5184, 5184)}[case]
     q, k, v = (torch.randn(pairs, length, heads, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                for length in (queries, keys, keys))
     tables = [torch.randn(pairs, heads, queries - 1, 72, device="cuda") for _ in range(2)] if biased else [None] * 2
