@@ -479,6 +479,24 @@ def test_counts_below_one_are_one_line_before_anything_starts(tmp_path, option, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_ray_segment_starts_runs_as_this_interpreter_and_sends_no_usage_statistics(tmp_path, monkeypatch):
+    """For the Ray it starts (no --ray-address), segment switches off Ray's `uv run` workers and its usage
+    statistics before Ray is imported, unless the user set them: Ray Data's statistics call into Ray after the last
+    batch, and such a call after ray.shutdown ends the process with exit 1."""
+    from sam3_aoti.batch.engine import segment
+    from sam3_aoti.errors import ConfigError
+
+    for name in ("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError):  # stops before Ray starts
+        segment(str(tmp_path), tmp_path / "out", ["a cat"], str(tmp_path / "none.pt2"), batch_size=0)
+    assert os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # the user's own choice stands
+    with pytest.raises(ConfigError):
+        segment(str(tmp_path), tmp_path / "out", ["a cat"], str(tmp_path / "none.pt2"), batch_size=0)
+    assert os.environ["RAY_USAGE_STATS_ENABLED"] == "1"
+
+
 def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_path):
     import threading
 

@@ -98,6 +98,11 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         # venv of its own (6 GB, ~15 s of CPU a worker), or with --no-sync no Ray at all and a run that hangs. The
         # workers of a Ray on this machine run this interpreter as it is.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        # Nor usage statistics: an offline GPU box has no one to send them to, and Ray Data's collection of them (a
+        # driver thread polling every 10 s, a call to its actor as a run ends) calls into Ray after the last batch,
+        # where a call after ray.shutdown ends the process with exit 1 (a likely cause of one such exit in CI, after
+        # every row was written).
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
     check_request(prompts, boxes, threshold, boxes_on)  # one line now, not a trace from every actor
