@@ -3,8 +3,11 @@
 as the package's AOTInductor compile would: transformers' (SDPA), with `vit_attention_kernel`, and with the candidate
 next to it, the rotary embedding applied in the projections' `[B, L, H, D]` layout, which the kernel reads as it is
 (transformers applies it to `[B, H, L, D]` views, which Inductor compiles to a transposing copy: about 0.68 ms a
-windowed layer at 16 images on an H100). Median ms at 16 images (`--images`), the kernels each call launches and the
-costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on the GPU where a build takes minutes.
+windowed layer at 16 images on an H100), and with fc1's GELU in cuBLASLt's epilogue (the GELU kernel is 0.64 ms a
+layer there; cuBLASLt's GELU is the tanh approximation, where the CPU computes the exact one, so on a GPU that
+variant's difference is reported, not held to zero). Median ms at 16 images (`--images`), the kernels each call
+launches and the costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on the GPU where a build
+takes minutes.
 
 Usage: scripts/gpu_run.sh --python experiments/vit_block.py --out DIR
        python experiments/vit_block.py --cpu      (tiny shapes on the CPU, eager: the variants agree)
@@ -24,7 +27,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 IN_PLACE = "vit_attention_kernel, the rotary embedding in [B, L, H, D]"
-VARIANTS = {"transformers (SDPA)": (), "vit_attention_kernel": ("vit_attention_kernel",), IN_PLACE: (IN_PLACE,)}
+GELU_EPILOGUE = "vit_attention_kernel, fc1's GELU in cuBLASLt's epilogue (tanh approximation)"
+VARIANTS = {"transformers (SDPA)": (), "vit_attention_kernel": ("vit_attention_kernel",), IN_PLACE: (IN_PLACE,),
+            GELU_EPILOGUE: ("vit_attention_kernel", GELU_EPILOGUE)}
+APPROXIMATE = {GELU_EPILOGUE}  # not the same arithmetic: its difference is reported, not held to the others'
+
+
+def gelu_epilogue_mlp():
+    """`Sam3MLP` with fc1, its bias and GELU as one cuBLASLt GEMM (`torch._addmm_activation`, as `relu_epilogue`
+    does the DETR encoder's ReLU): the GELU kernel and the store and load of fc1's 4736-wide output go, but
+    cuBLASLt's GELU is the tanh approximation, not the exact erf the ViT uses."""
+    from transformers.models.sam3.modeling_sam3 import Sam3MLP
+
+    class GeluEpilogueMLP(Sam3MLP):
+        def forward(self, hidden_states):
+            flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+            hidden = torch._addmm_activation(self.fc1.bias, flat, self.fc1.weight.t(), use_gelu=True)
+            return self.fc2(hidden.view(*hidden_states.shape[:-1], hidden.shape[-1]))
+
+    return GeluEpilogueMLP
 
 
 def in_place_attention():
@@ -61,6 +82,8 @@ def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Mod
     for name in names:
         if name == IN_PLACE:
             block.attention.__class__ = in_place_attention()
+        elif name == GELU_EPILOGUE:
+            block.mlp.__class__ = gelu_epilogue_mlp()
         else:
             REGISTRY[name].apply(holder)
     return block.to(device, dtype).eval()
@@ -128,7 +151,7 @@ def main() -> None:
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
     if args.cpu:
-        assert all(r["max_abs_vs_first"] < 1e-4 for r in results["rows"]), results["rows"]
+        assert all(r["max_abs_vs_first"] < 1e-4 for r in results["rows"] if r["variant"] not in APPROXIMATE), results
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "vit-block.json").write_text(json.dumps(results, indent=2) + "\n")

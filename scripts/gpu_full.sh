@@ -74,6 +74,8 @@
 #   vitattn: no build, after fc1, alone: experiments/vit_attention.py (the ViT's windowed and global attentions, 576
 #          and 5,184 tokens, head dim 64, at 1 and 16 images: SDPA's kernels against the project's Triton kernel and a
 #          TMA one)
+#   vitblock: no build, after vitattn, alone: experiments/vit_block.py (one ViT layer, windowed and global, at 16
+#          images: transformers' SDPA, vit_attention_kernel, and the candidates beside it)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl: .cuda-whl/rest on one call, .cuda-whl/nvvm/a and b on two
@@ -397,7 +399,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -458,6 +460,8 @@ run_all() {
         experiments/fp8_fc1_fused.py --out "$RESULTS/fp8-fc1-fused")
     [[ $runs == *" vitattn "* ]] && (cd "$WORK/vitattn" && step vit-attention scripts/gpu_run.sh --python \
         experiments/vit_attention.py --out "$RESULTS/vit-attention")
+    [[ $runs == *" vitblock "* ]] && (cd "$WORK/vitblock" && step vit-block scripts/gpu_run.sh --python \
+        experiments/vit_block.py --out "$RESULTS/vit-block")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)
@@ -508,5 +512,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac
