@@ -91,9 +91,9 @@ def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Mod
 
 def pipeline_sdpa_backends() -> list[str]:
     """`[compile] sdpa_backends` of pipeline.toml: the SDPA kernels in the order the package's compile prefers them."""
-    import tomllib
+    from sam3_aoti.pipeline.settings import load_settings
 
-    return tomllib.loads((Path(__file__).resolve().parents[1] / "pipeline.toml").read_text())["compile"]["sdpa_backends"]
+    return load_settings("sam3", "cpu", "fp32", "random").stage("compile")["sdpa_backends"]  # device-free
 
 
 def sdpa_priority(names):
@@ -115,7 +115,8 @@ def kernels(fn, x, top: int = 6) -> dict:
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     rows = sorted(events, key=lambda e: e.device_time_total, reverse=True)
     return {"launches_per_call": sum(e.count for e in events) / 5,
-            "top": [{"kernel": e.key[:120], "ms_per_call": round(e.device_time_total / 5 / 1000, 4)} for e in rows[:top]]}
+            "top": [{"kernel": e.key[:120], "ms_per_call": round(e.device_time_total / 5 / 1000, 4)}
+                    for e in rows[:top]]}
 
 
 def main() -> None:

@@ -302,7 +302,8 @@ for line in sys.stdin:
 fresh_run() {  # the default chain as a user runs it, on the pinned toolkit with the machine's hidden (TOOLKIT=machine:
     # the machine's); the timeline says where the seconds between the stages' own clocks go
     local run=(hidden scripts/gpu_run.sh $SAM3 precision=bf16) toolkit=toolkit=pinned
-    [[ ${TOOLKIT:-pinned} == machine ]] && run=(scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine) toolkit=toolkit=machine
+    [[ ${TOOLKIT:-pinned} == machine ]] &&
+        run=(scripts/gpu_run.sh $SAM3 precision=bf16 toolkit=machine) toolkit=toolkit=machine
     env | grep '^PYTHON' | sort > "$RESULTS/fresh-python-env.txt"
     cd "$WORK/fresh" && echo "$toolkit" > toolkit.txt  # what the runs after it build with
     timed fresh-box stamped "$RESULTS/fresh-box.timeline" "${run[@]}"

@@ -31,17 +31,17 @@ def pytest_configure(config):
     # The run's own builds at full priority (unless set): its build-reading tests wait for them, and niced
     # builds behind the tests that need none finished at 363 s instead of 154 (benchmarks/cpu-2026-12-05-nice).
     os.environ.setdefault("SAM3_AOTI_NICE", "0")
-    if not hasattr(config, "workerinput"):  # a new id, even in a pytest that a test starts; the workers inherit it
-        os.environ[RUN_ID] = uuid.uuid4().hex
-    config.run_id = os.environ[RUN_ID]
-    if not hasattr(config, "workerinput"):  # the run's build, as the checkout is now: its workers inherit it, and an
-        os.environ[BUILD_KEY] = build_key()  # edit while the run goes on starts no second build
+    if not hasattr(config, "workerinput"):  # the run's own process; its workers inherit what it sets
+        os.environ[RUN_ID] = uuid.uuid4().hex  # a new id, even in a pytest that a test starts
+        # the run's build, as the checkout is now: an edit while the run goes on starts no second build
+        os.environ[BUILD_KEY] = build_key()
         # The timeline file is this run's: a pytest that one of its tests starts writes none (it would take the
         # builds' spans); the workers and builds find it under RUN_SPANS.
         config.spans_path = os.environ.pop("SAM3_AOTI_TEST_SPANS", None)
         if config.spans_path:
             os.environ[RUN_SPANS] = config.spans_path
             Path(f"{config.spans_path}.builds").unlink(missing_ok=True)
+    config.run_id = os.environ[RUN_ID]
     config.pluginmanager.register(BuildsFirst(), "sam3-aoti-builds-first")
 
 
