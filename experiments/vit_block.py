@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 """One of the ViT's layers at full size (a windowed one and a global one; random weights, bf16), compiled by Inductor
-as the package's AOTInductor compile would: transformers' (SDPA), with `vit_attention_kernel`, and with the candidate
-next to it, the rotary embedding applied in the projections' `[B, L, H, D]` layout, which the kernel reads as it is
-(transformers applies it to `[B, H, L, D]` views, which Inductor compiles to a transposing copy: about 0.68 ms a
-windowed layer at 16 images on an H100), and with fc1's GELU in cuBLASLt's epilogue (the GELU kernel is 0.64 ms a
-layer there; cuBLASLt's GELU is the tanh approximation, where the CPU computes the exact one, so on a GPU that
-variant's difference is reported, not held to zero). Median ms at 16 images (`--images`), the kernels each call
-launches and the costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on the GPU where a build
-takes minutes.
+as the package's AOTInductor compile would: transformers' (SDPA), with `vit_attention_kernel`, with the rotary
+embedding applied in the projections' `[B, L, H, D]` layout (a candidate not taken: 0.05 ms a layer), with
+`vit_gelu_epilogue` (fc1's GELU in cuBLASLt's epilogue: the tanh approximation on a GPU, where the CPU computes the
+exact one, so on a GPU its difference is reported, not held to zero), and with `vit_rope_tables` too (the rotary
+embedding's cos and sin as constant tables, not recomputed inside the kernel that rotates q and k). Median ms at 16
+images (`--images`), the kernels each call launches and the costliest of them (torch.profiler). Issue #50's
+microbenchmark: seconds on the GPU where a build takes minutes.
 
 Usage: scripts/gpu_run.sh --python experiments/vit_block.py --out DIR
        python experiments/vit_block.py --cpu      (tiny shapes on the CPU, eager: the variants agree)
@@ -27,25 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 IN_PLACE = "vit_attention_kernel, the rotary embedding in [B, L, H, D]"
-GELU_EPILOGUE = "vit_attention_kernel, fc1's GELU in cuBLASLt's epilogue (tanh approximation)"
+GELU = ("vit_attention_kernel", "vit_gelu_epilogue")
 VARIANTS = {"transformers (SDPA)": (), "vit_attention_kernel": ("vit_attention_kernel",), IN_PLACE: (IN_PLACE,),
-            GELU_EPILOGUE: ("vit_attention_kernel", GELU_EPILOGUE)}
-APPROXIMATE = {GELU_EPILOGUE}  # not the same arithmetic: its difference is reported, not held to the others'
-
-
-def gelu_epilogue_mlp():
-    """`Sam3MLP` with fc1, its bias and GELU as one cuBLASLt GEMM (`torch._addmm_activation`, as `relu_epilogue`
-    does the DETR encoder's ReLU): the GELU kernel and the store and load of fc1's 4736-wide output go, but
-    cuBLASLt's GELU is the tanh approximation, not the exact erf the ViT uses."""
-    from transformers.models.sam3.modeling_sam3 import Sam3MLP
-
-    class GeluEpilogueMLP(Sam3MLP):
-        def forward(self, hidden_states):
-            flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-            hidden = torch._addmm_activation(self.fc1.bias, flat, self.fc1.weight.t(), use_gelu=True)
-            return self.fc2(hidden.view(*hidden_states.shape[:-1], hidden.shape[-1]))
-
-    return GeluEpilogueMLP
+            ", ".join(GELU): GELU, ", ".join((*GELU, "vit_rope_tables")): (*GELU, "vit_rope_tables")}
+# not the same arithmetic on a GPU (cuBLASLt's GELU is the tanh approximation): their difference is reported, not
+# held to the others'
+APPROXIMATE = {name for name, names in VARIANTS.items() if "vit_gelu_epilogue" in names}
 
 
 def in_place_attention():
@@ -77,16 +63,15 @@ def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Mod
     block = Sam3ViTLayer(config, window_size=window)
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.02)
+    block.to(device, dtype)  # the build's order: its precision, then the optimizations
     holder = torch.nn.Module()  # what an optimization's apply() walks: `model.vision_encoder`
     holder.vision_encoder = block
     for name in names:
         if name == IN_PLACE:
             block.attention.__class__ = in_place_attention()
-        elif name == GELU_EPILOGUE:
-            block.mlp.__class__ = gelu_epilogue_mlp()
         else:
             REGISTRY[name].apply(holder)
-    return block.to(device, dtype).eval()
+    return block.eval()
 
 
 def pipeline_sdpa_backends() -> list[str]:
@@ -139,6 +124,7 @@ def main() -> None:
             want = None
             for variant, names in VARIANTS.items():
                 block = layer(config, window, names, device, dtype)
+                torch._dynamo.reset()  # each variant compiled anew: one code object, more variants than its cache
                 with torch.no_grad(), sdpa_priority(None if args.cpu else pipeline_sdpa_backends()):
                     run = block if args.cpu else torch.compile(block, fullgraph=True)
                     got = run(x)

@@ -1,7 +1,8 @@
 """`vit_gelu_epilogue`: the ViT's 32 MLPs with fc1, its bias and GELU as one cuBLASLt GEMM with a GELU epilogue
 (`torch._addmm_activation`, as `relu_epilogue` does the DETR encoder's ReLU). Inductor otherwise stores fc1's
-4736-wide output, reads it back for the GELU kernel and stores it again: 0.6 ms a layer at 16 images on an H100,
-about 1.3 ms an image over the 32 layers (experiments/vit_block.py, benchmarks/h100-2026-12-06-vit-block/).
+4736-wide output, reads it back for the GELU kernel and stores it again: that kernel is 0.6 ms a layer at 16 images
+on an H100, fc1's GEMM 0.15 ms slower with the epilogue (experiments/vit_block.py,
+benchmarks/h100-2026-12-06-vit-block*/).
 
 The one optimization that is not transformers' arithmetic everywhere: cuBLASLt's GELU is the tanh approximation
 (within 4.7e-4 of the exact erf GELU), so a 16-bit CUDA build computes that one; verify's and parity's gates hold
