@@ -4,9 +4,10 @@ as the package's AOTInductor compile would: transformers' (SDPA), with `vit_atte
 embedding applied in the projections' `[B, L, H, D]` layout (a candidate not taken: 0.05 ms a layer), with
 `vit_gelu_epilogue` (fc1's GELU in cuBLASLt's epilogue: the tanh approximation on a GPU, where the CPU computes the
 exact one, so on a GPU its difference is reported, not held to zero), and with `vit_rope_tables` too (the rotary
-embedding's cos and sin as constant tables, not recomputed inside the kernel that rotates q and k). Median ms at 16
-images (`--images`), the kernels each call launches and the costliest of them (torch.profiler). Issue #50's
-microbenchmark: seconds on the GPU where a build takes minutes.
+embedding's cos and sin as constant tables, not recomputed inside the kernel that rotates q and k); and the patch
+embedding, cuDNN's convolution against `vit_patch_linear`'s GEMM. Median ms at 16 images (`--images`), the kernels
+each call launches and the costliest of them (torch.profiler). Issue #50's microbenchmark: seconds on the GPU where a
+build takes minutes.
 
 Usage: scripts/gpu_run.sh --python experiments/vit_block.py --out DIR
        python experiments/vit_block.py --cpu      (tiny shapes on the CPU, eager: the variants agree)
@@ -104,6 +105,45 @@ def kernels(fn, x, top: int = 6) -> dict:
                     for e in rows[:top]]}
 
 
+def embeddings(config, names: tuple, device: str, dtype) -> torch.nn.Module:
+    """The ViT's `Sam3ViTEmbeddings` (patch embedding and position embeddings) with random weights and `names`."""
+    from transformers.models.sam3.modeling_sam3 import Sam3ViTEmbeddings
+
+    from sam3_aoti.model.optimizations import REGISTRY
+
+    torch.manual_seed(0)
+    block = Sam3ViTEmbeddings(config).to(device, dtype)
+    holder = torch.nn.Module()
+    holder.vision_encoder = block
+    for name in names:
+        REGISTRY[name].apply(holder)
+    return block.eval()
+
+
+def measured(kind: str, images: int, variants: dict, x, cpu: bool) -> list[dict]:
+    """Each variant (a function that makes its module) run on `x`, compiled on a GPU: its largest difference from
+    the first variant's output, and on a GPU its median ms, launches and costliest kernels."""
+    from sam3_aoti.measure.timing import time_calls
+
+    rows, want = [], None
+    for variant, make in variants.items():
+        block = make()
+        torch._dynamo.reset()  # each variant compiled anew: one code object, more variants than its cache
+        with torch.no_grad(), sdpa_priority(None if cpu else pipeline_sdpa_backends()):
+            run = block if cpu else torch.compile(block, fullgraph=True)
+            got = run(x)
+            got = got[0] if isinstance(got, tuple) else got
+            want = got.float() if want is None else want
+            row = {"layer": kind, "images": images, "variant": variant,
+                   "max_abs_vs_first": float((got.float() - want).abs().max())}
+            if not cpu:
+                row["ms"] = round(statistics.median(time_calls(run, (x,), "cuda", 3, 20)), 4)
+                row.update(kernels(run, x))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -111,32 +151,22 @@ def main() -> None:
     parser.add_argument("--images", default="16", help="batch sizes, comma-separated (default 16)")
     args = parser.parse_args()
     from sam3_aoti.model.configs import full_config, tiny_config
-    from sam3_aoti.measure.timing import time_calls
 
     config = copy.copy((tiny_config() if args.cpu else full_config()).vision_config.backbone_config)
     config._attn_implementation = "sdpa"  # as the model sets it for its layers
     side = config.image_size // config.patch_size
     device, dtype = ("cpu", torch.float32) if args.cpu else ("cuda", torch.bfloat16)
     results = {"gpu": None if args.cpu else torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
-    for kind, window in (("windowed", config.window_size), ("global", 0)):
-        for images in ((2,) if args.cpu else [int(n) for n in args.images.split(",")]):
+    for images in ((2,) if args.cpu else [int(n) for n in args.images.split(",")]):
+        for kind, window in (("windowed", config.window_size), ("global", 0)):
             x = torch.randn(images, side, side, config.hidden_size, device=device, dtype=dtype)
-            want = None
-            for variant, names in VARIANTS.items():
-                block = layer(config, window, names, device, dtype)
-                torch._dynamo.reset()  # each variant compiled anew: one code object, more variants than its cache
-                with torch.no_grad(), sdpa_priority(None if args.cpu else pipeline_sdpa_backends()):
-                    run = block if args.cpu else torch.compile(block, fullgraph=True)
-                    got = run(x)
-                    got = got[0] if isinstance(got, tuple) else got
-                    want = got.float() if want is None else want
-                    row = {"layer": kind, "images": images, "variant": variant,
-                           "max_abs_vs_first": float((got.float() - want).abs().max())}
-                    if not args.cpu:
-                        row["ms"] = round(statistics.median(time_calls(run, (x,), "cuda", 3, 20)), 4)
-                        row.update(kernels(run, x))
-                results["rows"].append(row)
-                print(json.dumps(row), flush=True)
+            variants = {variant: (lambda names=names: layer(config, window, names, device, dtype))
+                        for variant, names in VARIANTS.items()}
+            results["rows"] += measured(kind, images, variants, x, args.cpu)
+        pixels = torch.randn(images, 3, config.image_size, config.image_size, device=device)  # fp32, as the model's
+        variants = {"transformers (convolution)": lambda: embeddings(config, (), device, dtype),
+                    "vit_patch_linear": lambda: embeddings(config, ("vit_patch_linear",), device, dtype)}
+        results["rows"] += measured("patch embedding", images, variants, pixels, args.cpu)
     if args.cpu:
         assert all(r["max_abs_vs_first"] < 1e-4 for r in results["rows"] if r["variant"] not in APPROXIMATE), results
     if args.out:
