@@ -11,19 +11,24 @@ from sam3_aoti.runtime.loader import graphs_state, load_package
 
 class ReplayedOnCpu(CudaGraphRunner):
     """A graph that replays by running the model again into the captured output buffers: what a CUDA
-    graph does, so static inputs, copied-out outputs and the shape cache are tested without a GPU."""
+    graph does, so static inputs, copied-out outputs and the shape cache are tested without a GPU. Its warm-up
+    is a run of the model, as `capture`'s is; `replays` counts the replays."""
+
+    replays = 0
 
     def capture(self, args):
         inputs = [a.clone() for a in args]
+        first = self.runner(*inputs)
         outputs = self.runner(*inputs)
-        runner = self.runner
+        runner, owner = self.runner, self
 
         class Graph:
             def replay(self):
+                owner.replays += 1
                 for held, new in zip(outputs, runner(*inputs)):
                     held.copy_(new)
 
-        return Captured(Graph(), inputs, outputs)
+        return Captured(Graph(), inputs, outputs, first)
 
 
 def model(x, y):
@@ -31,11 +36,15 @@ def model(x, y):
 
 
 def test_one_graph_per_shape_new_inputs_each_call_and_outputs_not_overwritten():
+    """A shape's first call returns its warm-up's outputs (no replay); later calls replay with their own inputs,
+    and no call's result is overwritten by the next."""
     runner = ReplayedOnCpu(model, max_graphs=2)
     a, b = torch.randn(2, 3), torch.randn(4)
     first = runner(a, b)
+    assert runner.captures == 1 and runner.replays == 0
+    torch.testing.assert_close(first[0], model(a, b)[0])
     second = runner(a + 1, b)  # same shape: replayed with the new inputs
-    assert runner.captures == 1
+    assert runner.captures == 1 and runner.replays == 1
     torch.testing.assert_close(second[0], model(a + 1, b)[0])
     torch.testing.assert_close(first[0], model(a, b)[0])  # the first result was copied out, not overwritten
     runner(torch.randn(5, 3), b)
@@ -49,8 +58,9 @@ def test_the_least_recently_used_shape_is_dropped_beyond_max_graphs():
         runner(torch.randn(rows, 3), b)
     assert [key[0][0][0] for key in runner.graphs] == [1, 3]
     assert runner.captures == 3
-    with pytest.raises(ValueError, match="max_graphs"):
-        CudaGraphRunner(model, max_graphs=0)
+    for bad in ({"max_graphs": 0}, {"warmup": 0}):
+        with pytest.raises(ValueError, match="max_graphs and warmup"):
+            CudaGraphRunner(model, **bad)
 
 
 def test_the_switch(monkeypatch):

@@ -74,7 +74,8 @@ def test_cuda_graphs_of_the_repositorys_tiny_cuda_build():
 
 def check_cuda_graphs(path):
     """Graphs on (the default) vs off at several shapes (new inputs each call: a stale replay would be far
-    off); a shape seen again replays its graph, and at most max_graphs are kept."""
+    off); a shape's first call returns its warm-up's outputs, a shape seen again replays its graph, and at most
+    max_graphs are kept."""
     import torch
 
     from sam3_aoti.model.configs import example_inputs, tiny_config
@@ -82,8 +83,8 @@ def check_cuda_graphs(path):
 
     graphed, plain = load_package(path, max_graphs=2), load_package(path, cuda_graphs=False)
     assert graphed.cuda_graphs == "on" and plain.cuda_graphs == "off: cuda_graphs=False"
-    for b, p in [(1, 1), (2, 3), (1, 1), (3, 2)]:
-        args = example_inputs(tiny_config(), b, p, seed=b * 7 + p, device="cuda")
+    for call, (b, p) in enumerate([(1, 1), (1, 1), (2, 3), (2, 3), (1, 1), (3, 2), (3, 2)]):
+        args = example_inputs(tiny_config(), b, p, seed=call, device="cuda")
         for got, want in zip(graphed.model(*args), plain.model(*args)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"B={b} P={p}")
     assert graphed.graph_runner.failed is None, graphed.graph_runner.failed
@@ -184,6 +185,30 @@ def test_the_gelu_group_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
             torch.testing.assert_close(scales, want_scales, rtol=1e-2, atol=0)
             same = (values.view(torch.uint8) == want_values.view(torch.uint8)).float().mean().item()
             assert same > 0.999, same  # erf a unit in the last place off rounds a rare GELU the other way
+
+
+@pytest.mark.gpu
+def test_a_graphed_function_on_cuda_gives_its_own_results_on_first_calls_and_replays():
+    """`CudaGraphRunner` on the GPU, no package needed: a shape's first call (its warm-up's outputs, made on a side
+    stream) and later calls (replays with new inputs) each equal the function run plainly, and no result is
+    overwritten by a later call."""
+    import torch
+
+    from sam3_aoti.runtime.cuda_graphs import CudaGraphRunner
+
+    weight = torch.randn(256, 256, device="cuda")
+
+    def model(x):
+        return [torch.relu(x @ weight) @ weight.t(), x.sum(-1)]
+
+    runner, seen = CudaGraphRunner(model, max_graphs=2), []
+    for call, rows in enumerate([64, 64, 128, 64, 128, 32]):
+        x = torch.randn(rows, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(call))
+        seen.append((x, runner(x)))
+    for x, got in seen:
+        for g, w in zip(got, model(x)):
+            torch.testing.assert_close(g, w)
+    assert runner.failed is None and runner.captures == 3 and len(runner.graphs) == 2
 
 
 @pytest.mark.gpu

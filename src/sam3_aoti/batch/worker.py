@@ -159,7 +159,7 @@ class Segmenter:
         self.masks_stream = None  # where the masks are made: the current stream
         # Where the model replays a CUDA graph per batch shape, a batch short of `batch_size` (a file that did not
         # decode, the last batch) is padded to it: one graph serves every batch, where each new count would cost a
-        # capture (three runs of the model) in the middle of the run.
+        # capture (a run of the model and its recording) in the middle of the run.
         self.pad_to = batch_size if self.package.cuda_graphs == "on" else None
         self.threshold = threshold
         self.exemplars = None

@@ -5,8 +5,11 @@ AOTInductor (torch 2.11) launches every kernel from the host on each call: about
 runner runs single-threaded (`torch_private.AotiRunner`: torch's default container synchronizes on events,
 which a capture forbids). Graphs share one memory pool; inputs are copied into each graph's static
 buffers and outputs copied out after each replay, so a caller never sees its results overwritten by
-the next call. At most `max_graphs` shapes are kept, the least recently used dropped first. Should a
-capture fail (a kernel that cannot be captured), the runner says why once and runs without graphs.
+the next call. A shape's first call returns what its warm-up computed (the same inputs, the same kernels)
+rather than replaying the graph just recorded: one run of the model and the recording, where two warm-ups and a
+replay were three runs (a part of `segment`'s start-up, and of every shape verify and bench try). At most
+`max_graphs` shapes are kept, the least recently used dropped first. Should a capture fail (a kernel that cannot
+be captured), the runner says why once and runs without graphs.
 """
 
 from __future__ import annotations
@@ -40,16 +43,17 @@ class _Uncapturable(Exception):
 class Captured:
     graph: object  # torch.cuda.CUDAGraph
     inputs: list
-    outputs: object
+    outputs: object  # the graph's static output buffers
+    first: object = None  # the warm-up's outputs, for the inputs it was captured with: the first call's result
 
 
 class CudaGraphRunner:
     """`runner(*tensors)` through CUDA graphs, keyed by the inputs' shapes and dtypes."""
 
-    def __init__(self, runner: Callable, max_graphs: int = DEFAULT_MAX_GRAPHS, warmup: int = 2,
+    def __init__(self, runner: Callable, max_graphs: int = DEFAULT_MAX_GRAPHS, warmup: int = 1,
                  copy_outputs: bool = True):
-        if max_graphs < 1:
-            raise ValueError("max_graphs must be at least 1")
+        if max_graphs < 1 or warmup < 1:
+            raise ValueError("max_graphs and warmup must each be at least 1")
         self.runner, self.max_graphs, self.warmup, self.copy_outputs = runner, max_graphs, warmup, copy_outputs
         self.graphs: OrderedDict[tuple, Captured] = OrderedDict()
         self.captures = 0
@@ -72,10 +76,12 @@ class CudaGraphRunner:
                     entry = self._add(key, args)
                 except _Uncapturable:
                     return self.runner(*args)
-            else:
-                self.graphs.move_to_end(key)
-                for static, a in zip(entry.inputs, args):
-                    static.copy_(a)
+                first, entry.first = entry.first, None
+                if first is not None:
+                    return first
+            self.graphs.move_to_end(key)
+            for static, a in zip(entry.inputs, args):
+                static.copy_(a)
             entry.graph.replay()
             if not self.copy_outputs:
                 return entry.outputs
@@ -96,7 +102,9 @@ class CudaGraphRunner:
         return entry
 
     def capture(self, args) -> Captured:
-        """Warm up on a side stream (first calls load kernels and allocate), then record one call."""
+        """Warm up on a side stream (a first call loads kernels and allocates), then record one call. The warm-up's
+        outputs, made on the side stream, are returned as `first`: the current stream waits for it, and they are
+        the caller's own tensors, not the graph's buffers."""
         import torch
 
         if self._pool is None:
@@ -106,9 +114,10 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.runner(*inputs)
+                first = self.runner(*inputs)
         torch.cuda.current_stream().wait_stream(side)
+        tree_map(lambda t: t.record_stream(torch.cuda.current_stream()), first)  # freed only after the caller's use
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = self.runner(*inputs)
-        return Captured(graph, inputs, outputs)
+        return Captured(graph, inputs, outputs, first)
