@@ -42,7 +42,8 @@
 #   optimizations: no build: the sections [export] optimizations touch (DETR encoder, decoder, mask decoder; OPTIMIZATIONS_SECTIONS,
 #          comma-separated, picks others) compiled alone at 1 x 1 and 1 x 16 (OPTIMIZATIONS_SHAPES picks others)
 #          without them (or with OPTIMIZATIONS_BASE's, a TOML list) and with pipeline.toml's (or OPTIMIZATIONS_ON's)
-#          (scripts/checks/section_times.py), then eager parity with them
+#          (scripts/checks/section_times.py; the 8 costliest kernels, OPTIMIZATIONS_KERNELS picks another count),
+#          then eager parity with them
 #   heads: no build: the per-pair sections (and the text encoder) each compiled alone at 1 x 1 and 1 x 16 with their
 #          costliest kernels (scripts/checks/section_times.py), as pipeline.toml has them and with the DETR decoder's linears
 #          in fp32 ([export] box_path_linears); then both recipes in eager against Meta's SAM3 under bf16 autocast
@@ -264,7 +265,7 @@ exemplars_run() {  # the bf16 split package from nothing, its verify with the ex
 
 optimizations_run() {  # no build: the sections [export] optimizations touch, with the base (OPTIMIZATIONS_BASE) and all; eager parity
     local sections=${OPTIMIZATIONS_SECTIONS:-"DETR encoder,DETR decoder,mask decoder"} times=(--python scripts/checks/section_times.py
-        --profile sam3 --precision bf16 --device cuda --shapes "${OPTIMIZATIONS_SHAPES:-1x1,1x16}" --kernels 8)
+        --profile sam3 --precision bf16 --device cuda --shapes "${OPTIMIZATIONS_SHAPES:-1x1,1x16}" --kernels "${OPTIMIZATIONS_KERNELS:-8}")
     cd "$WORK/optimizations" && sed "s|^optimizations = .*|optimizations = ${OPTIMIZATIONS_BASE:-[]}|" pipeline.toml > base-optimizations.toml
     [[ -n ${OPTIMIZATIONS_ON:-} ]] && sed -i "s|^optimizations = .*|optimizations = $OPTIMIZATIONS_ON|" pipeline.toml
     step optimizations-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
