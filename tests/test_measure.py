@@ -48,6 +48,22 @@ def test_bench_counts_the_flops_inside_the_projects_ops():
     mlp = torch.randn(2, 5, 7, 2), torch.randn(32, 2), torch.randn(32), torch.randn(4, 32), torch.randn(4)
     assert counted(torch.ops.sam3_aoti.box_bias_mlp, *mlp) == counted(box_bias.linear_layers, *mlp) > 0
 
+
+def test_gemms_with_an_activation_in_their_epilogue_count_as_the_gemm():
+    """`relu_epilogue`'s and `vit_gelu_epilogue`'s `aten._addmm_activation`, which torch's FlopCounterMode has no
+    count for, counts as its addmm (the sections' and bench's FLOPs)."""
+    from sam3_aoti.measure.counts import flops_of
+
+    class Epilogue(torch.nn.Linear):
+        def forward(self, x):
+            return torch._addmm_activation(self.bias, x, self.weight.t(), use_gelu=self.use_gelu)
+
+    x = torch.randn(30, 16)
+    for use_gelu in (False, True):
+        epilogue = Epilogue(16, 24)
+        epilogue.use_gelu = use_gelu
+        assert flops_of(epilogue, (x,)) == flops_of(torch.nn.Linear(16, 24), (x,)) == 2 * 30 * 16 * 24
+
 def test_bench_counts_the_weights_a_part_reads_once_each(wrapper, tiny_model):
     """A part's weights read (bench's floor) counts each weight once: a call through two of three linears reads those two (a
     transpose or slice of a weight counts as the weight, a weight used twice once, an embedding table the rows

@@ -6,21 +6,29 @@ from __future__ import annotations
 import functools
 
 
+def flop_counter():
+    """torch's FlopCounterMode, counting also the GEMMs with an activation in their epilogue
+    (`aten._addmm_activation`: `relu_epilogue`, `vit_gelu_epilogue`), which it has no count for: an addmm's."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, addmm_flop, flop_registry, register_flop_formula
+
+    if torch.ops.aten._addmm_activation not in flop_registry:  # (bias, mat1, mat2, beta, alpha, use_gelu)
+        register_flop_formula(torch.ops.aten._addmm_activation)(
+            lambda bias, mat1, mat2, *args, out_shape=None, **kwargs: addmm_flop(bias, mat1, mat2))
+    return FlopCounterMode(display=False)
+
+
 def flops_of(module, args, call=None) -> int:
     """FLOPs of one call of `module` (or of `call`, one of its methods), counted by torch's FlopCounterMode
     (matmuls, convolutions, attention)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     run_under(module, args, call, counter)
     return counter.get_total_flops()
 
 
 def flops_and_weights_of(module, args, call=None) -> tuple[int, int]:
     """`flops_of`, and the bytes of `module`'s weights the same call reads (`weights_read`)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter, reads = FlopCounterMode(display=False), weights_read(module)
+    counter, reads = flop_counter(), weights_read(module)
     run_under(module, args, call, counter, reads)
     return counter.get_total_flops(), reads.bytes
 

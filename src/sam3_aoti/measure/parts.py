@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .counts import flops_and_weights_of, flops_of, run_under
+from .counts import flop_counter, flops_and_weights_of, flops_of, run_under
 from .rates import floor
 from .timing import measure
 
@@ -90,11 +90,10 @@ def section_times(wrapper, transforms, images, token_ids, how: str, compiled: di
     row's `flop`. The package's own `transforms` is timed on B raw frames beside them (before the model call,
     not in it)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ..model.section_calls import record_section_calls
 
-    counter = FlopCounterMode(display=False)  # the recording call is a whole call: count it as it runs
+    counter = flop_counter()  # the recording call is a whole call: count it as it runs
     sections = run_under(wrapper, (wrapper, images, token_ids), record_section_calls, counter)
     rows = {name: time_section(wrapper, section, how, compiled, device, opts, gemm, memory)
             for name, section in sections.items()}
