@@ -354,6 +354,27 @@ def test_pixels_are_read_in_place_from_a_read_only_buffer():
     assert pixels.shape == (2, 2, 3) and pixels.data_ptr() == buffer.address and pixels[1, 1, 2] == 11
 
 
+def test_a_batchs_pixels_are_each_images_bytes_where_the_table_holds_them():
+    """`columns_of` hands each image's bytes as a view of the decoded table's memory, whether each image is a
+    chunk of its own (as `decode_batch` makes them), several share one chunk (as Ray may concatenate them) or the
+    table is a slice of one; an empty value (a file that did not decode) is empty."""
+    import pyarrow as pa
+
+    from sam3_aoti.batch.worker import columns_of, one_value, values_in_place
+
+    images = [bytes([i]) * (3 * (i + 1)) for i in range(5)] + [b""]
+    chunked = pa.chunked_array([one_value(pa.py_buffer(b)) for b in images], pa.large_binary())
+    for column, want in ((chunked, images), (chunked.combine_chunks(), images),
+                         (chunked.combine_chunks().slice(2, 3), images[2:5])):
+        got = values_in_place(column)
+        assert [bytes(g) for g in got] == want
+        chunk_data = [c.buffers()[2] for c in getattr(column, "chunks", [column])]
+        assert all(any(d.address <= g.address < d.address + d.size for d in chunk_data) for g in got if len(g))
+    table = pa.table({"source": [str(i) for i in range(6)], "width": [1] * 6, "height": [i + 1 for i in range(6)],
+                      "error": [""] * 5 + ["not an image"], "pixels": chunked})
+    assert [bytes(p) for p in columns_of(table)[4]] == images
+
+
 def test_the_segmenter_runs_in_a_loop_of_ones_own(package_path, tmp_path):
     """The Python form: `decode_batch`, `Segmenter` and `encode_masks` are what a user's own `map_batches` would
     call, and give what segment writes."""

@@ -54,11 +54,26 @@ def one_value(buffer):
 
 def columns_of(batch) -> tuple:
     """(sources, widths, heights, errors, each image's pixel bytes) of a decoded batch: `decode_batch`'s Arrow
-    table, whose pixels are then views of its buffers (no copy), or a dict of its columns."""
+    table, whose pixels are then views of its buffers (`values_in_place`), or a dict of its columns."""
     if isinstance(batch, dict):
         return batch["source"], batch["width"], batch["height"], batch["error"], batch["pixels"]
     return (*(batch.column(name).to_pylist() for name in ("source", "width", "height", "error")),
-            [value.as_buffer() for value in batch.column("pixels")])
+            values_in_place(batch.column("pixels")))
+
+
+def values_in_place(column) -> list:
+    """Each value of a large_binary column as an Arrow buffer over the column's own memory. A scalar's
+    `as_buffer()` copies its bytes: 40 ms for a batch of 16 images of 4 MB on one core, and the actor's CPU is the
+    GPU's feed."""
+    import numpy as np
+
+    values = []
+    for chunk in getattr(column, "chunks", [column]):
+        _, offsets, data = chunk.buffers()
+        ends = np.frombuffer(offsets, np.int64, len(chunk) + 1, chunk.offset * 8).tolist()
+        values += [data.slice(start, end - start) if data is not None else memoryview(b"")
+                   for start, end in zip(ends, ends[1:])]
+    return values
 
 
 def pixels_in_place(buffer, height: int, width: int):
