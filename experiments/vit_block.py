@@ -58,22 +58,25 @@ def layer(config, window: int, names: tuple, device: str, dtype) -> torch.nn.Mod
     """A `Sam3ViTLayer` with random weights and the optimizations `names` applied to it."""
     from transformers.models.sam3.modeling_sam3 import Sam3ViTLayer
 
-    from sam3_aoti.model.optimizations import REGISTRY
-
     torch.manual_seed(0)
     block = Sam3ViTLayer(config, window_size=window)
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.02)
-    block.to(device, dtype)  # the build's order: its precision, then the optimizations
-    holder = torch.nn.Module()  # what an optimization's apply() walks: `model.vision_encoder`
-    holder.vision_encoder = block
-    for name in names:
-        if name == IN_PLACE:
-            block.attention.__class__ = in_place_attention()
-        else:
-            REGISTRY[name].apply(holder)
-    return block.eval()
+    if IN_PLACE in names:
+        block.attention.__class__ = in_place_attention()
+    return optimized(block, [name for name in names if name != IN_PLACE], device, dtype)
 
+
+def optimized(block: torch.nn.Module, names, device: str, dtype) -> torch.nn.Module:
+    """`block` in `dtype` on `device`, then the registry's optimizations `names` applied to it, as the build orders
+    them (its precision first), by the project's `optimize` on a stand-in whose `vision_encoder` is `block`."""
+    from sam3_aoti.model.optimizations import optimize
+
+    block.to(device, dtype)
+    holder = torch.nn.Module()
+    holder.vision_encoder = block
+    optimize(holder, names)
+    return block.eval()
 
 def pipeline_sdpa_backends() -> list[str]:
     """`[compile] sdpa_backends` of pipeline.toml: the SDPA kernels in the order the package's compile prefers them."""
@@ -109,16 +112,8 @@ def embeddings(config, names: tuple, device: str, dtype) -> torch.nn.Module:
     """The ViT's `Sam3ViTEmbeddings` (patch embedding and position embeddings) with random weights and `names`."""
     from transformers.models.sam3.modeling_sam3 import Sam3ViTEmbeddings
 
-    from sam3_aoti.model.optimizations import REGISTRY
-
     torch.manual_seed(0)
-    block = Sam3ViTEmbeddings(config).to(device, dtype)
-    holder = torch.nn.Module()
-    holder.vision_encoder = block
-    for name in names:
-        REGISTRY[name].apply(holder)
-    return block.eval()
-
+    return optimized(Sam3ViTEmbeddings(config), names, device, dtype)
 
 def measured(kind: str, images: int, variants: dict, x, cpu: bool) -> list[dict]:
     """Each variant (a function that makes its module) run on `x`, compiled on a GPU: its largest difference from
