@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the arithmetic of the fp8 MLP's GELU + 1 x 128 group quantization kernel (`runtime/gelu_groups.py`) costs,
+"""What the arithmetic of the fp8 MLP's GELU + 1 x 128 group quantization kernel (`experiments/gelu_groups.py`) costs,
 on 16 images' tokens (82,944 x 4736 bf16 in, e4m3 and scales out). Its launch shapes are all within 4 % of each
 other (`gelu_groups_tune.py`), so this times the same launch with its arithmetic changed, one step at a time:
 the division by the scale as IEEE division per value (today's), as one reciprocal per row and a product per
@@ -23,7 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sam3_aoti.measure.timing import time_calls  # noqa: E402
-from sam3_aoti.runtime import gelu_groups  # noqa: E402
+import gelu_groups  # noqa: E402  (this folder's)
 from gelu_groups_tune import HIDDEN, kernel_inputs  # noqa: E402  (this folder's: the same inputs)
 DIVISIONS = {"IEEE division per value": 0, "reciprocal per row, product per value": 1, "fast division": 2}
 

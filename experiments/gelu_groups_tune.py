@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Launch shapes of the fp8 MLP's GELU + 1 x 128 group quantization kernel (`runtime/gelu_groups.py`), timed
+"""Launch shapes of the fp8 MLP's GELU + 1 x 128 group quantization kernel (`experiments/gelu_groups.py`), timed
 on 16 images' tokens (82,944 x 4736 bf16 in, e4m3 and scales out): rows per program, warps, and which grid axis
 runs fastest. Each shape's output is checked against the default launch's (bit for bit), and its rate against the
 bytes it must move. The default launch is the first row, so a better shape is a change of `ROWS`, `NUM_WARPS`,
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from sam3_aoti.measure.timing import time_calls  # noqa: E402
-from sam3_aoti.runtime import gelu_groups  # noqa: E402
+import gelu_groups  # noqa: E402  (this folder's)
 
 HIDDEN, TOKENS_PER_IMAGE = 4736, 72 * 72
 

@@ -1,4 +1,4 @@
-"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py, runtime/gelu_groups.py) against their
+"""The project's Triton kernels (runtime/box_bias.py, runtime/attention.py, runtime/fp8_linear.py) against their
 reference, in Triton's CPU interpreter (tests/test_gpu.py runs them compiled on CUDA)."""
 
 import os
@@ -26,7 +26,7 @@ def interpreted() -> dict[str, str]:
 
     pytest.importorskip("triton")
     checks = {"box_bias": TRITON_KERNEL_CHECK, "attention": ATTENTION_KERNEL_CHECK,
-              "gelu_groups": GELU_GROUPS_KERNEL_CHECK}
+              "fp8_linear": FP8_LINEAR_KERNEL_CHECK}
     proc = subprocess.run([sys.executable, "-c", RUN_CHECKS], input=json.dumps(checks), capture_output=True,
                           text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
     found = {k: v for line in proc.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
@@ -82,37 +82,31 @@ def test_the_attention_kernel_is_sdpa_in_tritons_interpreter(interpreted):
     that are and are not a multiple of the key block (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
     assert interpreted["attention"] == "ok", interpreted["attention"]
 
-GELU_GROUPS_KERNEL_CHECK = """
-import numpy as np
+FP8_LINEAR_KERNEL_CHECK = """
 import torch
-import triton.language as tl
-from triton._C.libtriton import ir
-from triton.runtime.interpreter import _convert_float  # the interpreter's own fp8 cast (see the test)
-from sam3_aoti.runtime.gelu_groups import launch_gelu_groups, reference
+from sam3_aoti.model.fp8 import quantize_rows
+from sam3_aoti.runtime.fp8_linear import launch_linear_gelu, reference
 torch.manual_seed(0)
-launches = [{}, {"rows": 16, "groups_first": True}]  # the default launch and the other grid order
-for (m, k), launch in [(shape, launch) for shape in [(37, 256), (64, 384), (1, 128)] for launch in launches]:
-    x = (torch.randn(m, k) * torch.logspace(-2, 1, k // 128).repeat_interleave(128)).half()
-    x[0, :128] = -20.0  # a group GELU takes to zero
-    bias = torch.randn(k).half()
-    (values, scales), (_, want_scales) = launch_gelu_groups(x, bias, **launch), reference(x, bias)
-    assert values.dtype == torch.float8_e4m3fn and values.shape == (m, k) and scales.shape == (k // 128, m)
-    torch.testing.assert_close(scales, want_scales, rtol=2e-3, atol=0)  # a GELU a step off may own a max
-    quotients = (torch.nn.functional.gelu(x + bias).float().reshape(m, -1, 128) / want_scales.t()[..., None])
-    cast = _convert_float(quotients.clamp(-448, 448).numpy(), tl.float32, tl.float8e4nv, ir.ROUNDING_MODE.RTNE)
-    same = (np.frombuffer(cast.tobytes(), np.uint8).reshape(m, k) == values.view(torch.uint8).numpy()).mean()
-    assert same > 0.999, same  # erf a unit in the last place off can round a value's GELU the other way
+launches = [{}, {"block_m": 32, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}]
+for (m, k, n), launch in [((37, 256, 384), launches[0]), ((37, 256, 200), launches[1]), ((1, 96, 64), launches[1])]:
+    rows, row_scales = quantize_rows(torch.randn(m, k) * torch.logspace(-2, 1, m)[:, None])
+    weight, weight_scales = quantize_rows(torch.randn(n, k) * 0.05)
+    weight_scales = weight_scales.t().contiguous()
+    bias = (torch.randn(n) * torch.logspace(-2, 1, n)).bfloat16()
+    bias[:32] = -40.0  # columns the GELU takes to (nearly) zero in every row
+    got = launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, approx_tanh=False, **launch)
+    want = reference(rows, row_scales, weight, weight_scales, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=8e-3, atol=1e-5)  # bf16: one rounding step apart at most
 """
 
 
-@pytest.mark.slow  # Triton's interpreter, in the process the three checks share
+@pytest.mark.slow  # Triton's interpreter, in the process the checks share
 @pytest.mark.xdist_group("triton-interpreter")
-def test_the_gelu_group_quantization_kernel_is_its_torch_form_in_tritons_interpreter(interpreted):
-    """The Triton kernel of the op `sam3_aoti::gelu_quantize_groups` (the fp8 MLP's bias, GELU and 1 x 128 group
-    quantization in one pass), run by Triton's CPU interpreter, gives the e4m3 values and scales of its torch
-    form (`reference`), for row counts that fill a program's block and that do not, groups decades apart in
-    magnitude and one that GELU zeroes, in both grid orders. The interpreter's casts are not CUDA's (it truncates to bf16, and its
-    e4m3 rounding drops the carry into the exponent), so the input is fp16 and each value is held to the
-    interpreter's own round-to-nearest cast of the torch form's quotient: what is under test is the kernel's
-    arithmetic and layout up to the cast; tests/test_gpu.py checks bf16 and the cast against torch on CUDA."""
-    assert interpreted["gelu_groups"] == "ok", interpreted["gelu_groups"]
+def test_the_fp8_fc1_kernel_is_its_torch_form_in_tritons_interpreter(interpreted):
+    """The Triton kernel of the op `sam3_aoti::fp8_linear_gelu` (fc1's fp8 product with its row and column scales,
+    bias and tanh GELU in the epilogue, bf16 out), run by Triton's CPU interpreter, gives its torch form with fc1's
+    launch (a 256-wide tile past a 384-wide output's end), a smaller one over widths that are not a multiple of
+    it, a depth that is not a multiple of the tile's, and rows decades apart. The interpreter's tanh is computed
+    through exp where CUDA's kernel takes the SFU's (tests/test_gpu.py checks that on CUDA)."""
+    assert interpreted["fp8_linear"] == "ok", interpreted["fp8_linear"]

@@ -117,7 +117,7 @@ def compiled_names(programs, expected: tuple[str, ...]) -> list[str]:
 def load_program(archive: Path, name: str):
     """One exported program of a PT2 archive (20 s for the tiny model's five on a CPU if all were read), with the
     project's ops registered first: the programs call them."""
-    from ..runtime import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs call)
+    from ..runtime import attention, box_bias, fp8_linear  # noqa: F401  (the sam3_aoti ops programs call)
     from ..runtime.torch_private import exported_program
 
     return exported_program(archive, name)

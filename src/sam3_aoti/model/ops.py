@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from ..runtime import attention as _attention, box_bias as _box_bias, gelu_groups as _gelu_groups  # register the ops
+from ..runtime import attention as _attention, box_bias as _box_bias, fp8_linear as _fp8_linear  # register the ops
 
 # A module flag, not a ContextVar: torch.compile (bench's parts, the torch.compile column) traces a global read and
 # guards on it, but stops at ContextVar.get. The fallback stage exports in one thread.
@@ -43,7 +43,7 @@ def box_bias_mlp(deltas, w1, b1, w2, b2):
     return torch.ops.sam3_aoti.box_bias_mlp(deltas, w1, b1, w2, b2)
 
 
-def gelu_quantize_groups(hidden, bias):
+def fp8_linear_gelu(rows, row_scales, weight, weight_scales, bias):
     if _torch_forms:
-        return _gelu_groups.reference(hidden, bias)
-    return torch.ops.sam3_aoti.gelu_quantize_groups(hidden, bias)
+        return _fp8_linear.reference(rows, row_scales, weight, weight_scales, bias)
+    return torch.ops.sam3_aoti.fp8_linear_gelu(rows, row_scales, weight, weight_scales, bias)

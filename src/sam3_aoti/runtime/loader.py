@@ -242,7 +242,7 @@ def programs_package(exported: dict, metadata: dict, merges_text: str, path: Pat
 def load_exported(path: Path, trust: bool = False, built_for: str = "") -> dict:
     """The exported programs from the fallback archive beside the package (`built_for`: where the package was
     built, for the error line when they do not load here either)."""
-    from . import attention, box_bias, gelu_groups  # noqa: F401  (the sam3_aoti ops programs may call)
+    from . import attention, box_bias, fp8_linear  # noqa: F401  (the sam3_aoti ops programs may call)
 
     fallback = fallback_of(path)
     if not fallback.is_file():

@@ -1,0 +1,124 @@
+"""The ViT MLP's fc1 in a precision=fp8 build: one Triton fp8 GEMM whose epilogue applies the row and column scales,
+the bias and the GELU, and writes bf16 for fc2 (the op `sam3_aoti::fp8_linear_gelu`, `model.fp8.Fp8Mlp`).
+
+cuBLAS's fp8 GEMM (`torch._scaled_mm`) has no GELU epilogue, so fc1's 4736-wide product went out in bf16 and came
+back for a GELU kernel: fp8 fc1 then cost what it saved. Here the product stays in registers. The epilogue is cheap
+in instructions, or it costs more than the GEMM (experiments/fp8_fc1_fused.py, benchmarks/h100-2026-12-06-fp8-fc1/:
+with every step of the unfused graph's arithmetic, erf and IEEE division, the kernel took 1.9-2.1 ms for 16 images'
+tokens on an H100; with this epilogue 0.97, its main loop at 0.95-1.0x cuBLAS's): no bf16 rounding between the
+steps, and GELU's tanh form on the SFU's `tanh.approx.f32` (the form cuBLASLt's GELU epilogue computes in a bf16
+build, `vit_gelu_epilogue`). `reference` is the same arithmetic in torch ops.
+
+fc2 stays a bf16 GEMM: its fp8 form on 1 x 128 groups (`F.scaled_mm`, blockwise) runs through AOTInductor's proxy
+executor, which fails in torch 2.11, and the project's Triton form of it was slower than cuBLAS's bf16 GEMM
+(benchmarks/h100-2026-12-06-fp8-fc1/vit-mlp-fp8.md: one MLP at 16 images 2.43 ms this way, 2.65 in bf16).
+
+Like `runtime.attention` it is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package) that
+whatever deserializes an exported program imports first. Off CUDA, or for a shape the kernel does not take, it is
+`reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only torch: the op runs its torch ops
+    triton = None
+
+E4M3 = torch.float8_e4m3fn
+# 128 x 256 tiles, 128 deep, 8 warps, 3 stages: the fastest of 14 pointer and TMA launch shapes on an H100
+# (benchmarks/h100-2026-12-06-fp8-fc1/), as fast as Triton's persistent TMA form
+LAUNCH = {"block_m": 128, "block_n": 256, "block_k": 128, "num_warps": 8, "num_stages": 3}
+
+
+def reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
+              bias: torch.Tensor) -> torch.Tensor:
+    """`rows [M, K]` e4m3 with `row_scales [M, 1]`, `weight [N, K]` e4m3 with `weight_scales [1, N]`, `bias [N]` ->
+    bf16 `gelu_tanh(rows @ weight.T * scales + bias)`, in fp32 until the end (the kernel's arithmetic, up to the
+    order of its sums and the SFU's tanh)."""
+    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
+    return F.gelu(product, approximate="tanh").to(torch.bfloat16)
+
+
+if triton is not None:
+    @triton.jit
+    def _tanh(x, APPROX: tl.constexpr):
+        if APPROX:  # one SFU instruction, about 2^-11 off
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0  # Triton's interpreter runs no PTX
+
+    @triton.jit
+    def _linear_gelu_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, m, n: tl.constexpr,
+                            k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, APPROX_TANH: tl.constexpr):
+        pid = tl.program_id(0)
+        blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
+        per_band = GROUP_M * blocks_n  # programs of GROUP_M row blocks, taken column by column (weights stay in L2)
+        first_m = (pid // per_band) * GROUP_M
+        band_m = tl.minimum(blocks_m - first_m, GROUP_M)
+        block_m = first_m + (pid % per_band) % band_m
+        block_n = (pid % per_band) // band_m
+        rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N passes 2^31 at 64 images
+        cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        depth = tl.arange(0, BLOCK_K)
+        a_at = a_ptr + rows[:, None] * k + depth[None, :]  # [BLOCK_M, BLOCK_K] of the row-major activations
+        w_at = w_ptr + cols[None, :].to(tl.int64) * k + depth[:, None]  # [BLOCK_K, BLOCK_N] of the K-major weight
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, k // BLOCK_K):  # k a constexpr: the interpreter ranges over no runtime int
+            acc = tl.dot(tl.load(a_at, mask=rows[:, None] < m, other=0.0),
+                         tl.load(w_at, mask=cols[None, :] < n, other=0.0), acc)
+            a_at += BLOCK_K
+            w_at += BLOCK_K
+        a_scale = tl.load(a_scale_ptr + rows, mask=rows < m, other=0.0)
+        w_scale = tl.load(w_scale_ptr + cols, mask=cols < n, other=0.0)
+        bias = tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
+        h = acc * a_scale[:, None] * w_scale[None, :] + bias[None, :]
+        g = 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h), APPROX_TANH))
+        tl.store(out_ptr + rows[:, None] * n + cols[None, :], g.to(out_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+def takes(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel runs this product: on CUDA, contiguous e4m3 operands, K a multiple of 16 (a tile's
+    least depth)."""
+    return (triton is not None and rows.is_cuda and rows.dtype == weight.dtype == E4M3 and rows.is_contiguous()
+            and weight.is_contiguous() and rows.shape[1] % 16 == 0)
+
+
+def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambda kernel: kernel,
+                       approx_tanh: bool = True, **launch) -> torch.Tensor:
+    """The kernel on `reference`'s arguments; `wrap`: `torch.library.wrap_triton` inside the op (so export and
+    AOTInductor trace it), identity when called directly (Triton's interpreter in the tests, with
+    `approx_tanh=False`); `launch` overrides `LAUNCH`."""
+    launch = {**LAUNCH, **launch}
+    m, k = rows.shape
+    n = weight.shape[0]
+    block_k = next(depth for depth in (launch["block_k"], 64, 32, 16) if k % depth == 0)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=rows.device)
+    grid = (triton.cdiv(m, launch["block_m"]) * triton.cdiv(n, launch["block_n"]),)
+    wrap(_linear_gelu_kernel)[grid](rows, row_scales, weight, weight_scales, bias, out, m, n, k,
+                                    BLOCK_M=launch["block_m"], BLOCK_N=launch["block_n"], BLOCK_K=block_k, GROUP_M=8,
+                                    APPROX_TANH=approx_tanh, num_warps=launch["num_warps"],
+                                    num_stages=launch["num_stages"])
+    return out
+
+
+@torch.library.triton_op("sam3_aoti::fp8_linear_gelu", mutates_args=())
+def fp8_linear_gelu(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
+                    bias: torch.Tensor) -> torch.Tensor:
+    if not takes(rows, weight):
+        return reference(rows, row_scales, weight, weight_scales, bias)
+    return launch_linear_gelu(rows, row_scales.contiguous(), weight, weight_scales.contiguous(), bias,
+                              wrap=torch.library.wrap_triton)
+
+
+@register_flop_formula(torch.ops.sam3_aoti.fp8_linear_gelu)
+def linear_gelu_flops(rows_shape, row_scales_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    """The product's count (bench's FLOPs per part): the FlopCounterMode sees the op, not the kernel inside it."""
+    return 2 * rows_shape[0] * rows_shape[1] * weight_shape[0]
