@@ -97,6 +97,48 @@ def test_fp8_needs_a_gpu(tmp_path):
     assert "CUDA GPU" in check_fp8_device(torch.device("cpu"))
 
 
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_before_any_stage(monkeypatch, tmp_path):
+    """The first visible GPU's capability comes from nvidia-smi (no torch at doit's load): below 8.9 the settings
+    refuse precision=fp8 in one line naming the GPU; on Hopper, and where nvidia-smi says nothing, they do not."""
+    import os
+    import stat
+
+    from sam3_aoti.pipeline import settings as settings_module
+
+    fake = tmp_path / "nvidia-smi"  # answers for the index it is asked about, as the real one does with -i
+    fake.write_text('#!/bin/sh\n[ "$2" = "1" ] && echo "NVIDIA H100 80GB HBM3, 9.0" || echo "NVIDIA A100-SXM4-80GB, 8.0"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(settings_module, "gpu_present", lambda: True)  # a driver, as on the GPU machine
+    assert settings_module.gpu_capability() == ("NVIDIA A100-SXM4-80GB", (8, 0))
+    with pytest.raises(ConfigError, match=r"precision=fp8 needs a GPU with fp8 tensor cores .* NVIDIA A100-SXM4-80GB "
+                                          r"has 8\.0: use precision=bf16"):
+        load_settings(profile="sam3", device="cuda", precision="fp8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # the GPU torch would take
+    assert load_settings(profile="sam3", device="cuda", precision="fp8").precision == "fp8"
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    assert settings_module.gpu_capability() is None
+
+
+def test_an_fp8_package_on_a_gpu_without_fp8_tensor_cores_is_refused_naming_its_precision(monkeypatch):
+    """torch's runners load a CUDA package built for another GPU and fail at the first call: the loader says why
+    first, naming an fp8 package's precision where the GPU has no fp8 tensor cores."""
+    from sam3_aoti.runtime.loader import device_problem
+
+    built = {"model": {"AOTI_DEVICE_KEY": "cuda", "AOTI_COMPUTE_CAPABILITY": "80"}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_problem(built, "fp8") == "its AOTI part is built for CUDA and no GPU is usable here"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert device_problem(built, "bf16") is None
+    problem = device_problem(built, "fp8")
+    assert problem.startswith("it is a precision=fp8 package") and "this GPU has 8.0" in problem
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert device_problem(built, "bf16") == "its AOTI part is built for compute capability 80, this GPU has 90"
+    assert device_problem({"model": {"AOTI_DEVICE_KEY": "cpu"}}, "fp8") is None
+
+
 @pytest.mark.gpu
 def test_scaled_mm_is_the_emulated_product_on_the_gpu():
     if check_fp8_device(torch.device("cuda")):

@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from . import ops
+from ..runtime.contract import FP8_CAPABILITY
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 MIN_SCALE_AMAX = 1e-12  # an all-zero row gets a finite scale (its values quantize to 0 all the same)
-FP8_CAPABILITY = (8, 9)  # Ada and Hopper have fp8 tensor cores; _scaled_mm refuses older GPUs
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 
 from ..errors import ConfigError
+from ..runtime.contract import FP8_CAPABILITY
 from ..runtime.files import write_text_atomic
 from .paths import DEFAULT_CONFIG, REPO_ROOT, portable, resolve_portable
 from .precision import PRECISIONS, Precision
@@ -129,6 +130,21 @@ def gpu_model() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
+def gpu_capability() -> tuple[str, tuple[int, ...]] | None:
+    """The first visible NVIDIA GPU's model and compute capability, without importing torch (nvidia-smi); None
+    where nvidia-smi is absent or says nothing (the toolchain stage then names what is missing)."""
+    import subprocess
+
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", first, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        name, capability = out.stdout.strip().splitlines()[0].rsplit(",", 1)
+        return name.strip(), tuple(int(part) for part in capability.strip().split("."))
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+        return None
+
+
 def cached_hub_checkpoint(repo_id: str = HUB_MODEL) -> Path | None:
     """The snapshot folder of `repo_id` in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME rules),
     if it holds config.json and model.safetensors. Never touches the network."""
@@ -177,6 +193,9 @@ def load_settings(
         raise ConfigError(f"unknown precision={precision!r}: use {', '.join(PRECISIONS)}")
     if PRECISIONS[precision].needs_cuda and device == "cpu":
         raise ConfigError(f"precision={precision} needs device=cuda: use precision=fp32 on the CPU")
+    if precision == "fp8" and (gpu := gpu_capability()) and gpu[1] < FP8_CAPABILITY:
+        raise ConfigError(f"precision=fp8 needs a GPU with fp8 tensor cores (compute capability 8.9 or newer: Ada, "
+                          f"Hopper); {gpu[0]} has {'.'.join(map(str, gpu[1]))}: use precision=bf16")
     check_tolerances_for(config_path, tables, precision)
     weights = weights or "random"
     if profile == "tiny" and weights != "random":

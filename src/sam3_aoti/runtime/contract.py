@@ -38,3 +38,4 @@ RESIZE = "bilinear, antialias, rounded to whole uint8 levels (as Meta's Sam3Proc
 FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
 # Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (model.fp8); the rest is bf16.
 FP8_PARTS = ("vision_encoder.backbone",)
+FP8_CAPABILITY = (8, 9)  # the compute capability fp8 tensor cores came with (Ada; Hopper is 9.0)

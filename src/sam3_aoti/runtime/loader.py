@@ -17,6 +17,7 @@ from typing import Callable
 from ..errors import InputError, PackageError, first_line
 from .archive import MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
 from .checked import checked
+from .contract import FP8_CAPABILITY
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import PackageChanged, PackageFile, check_package, read_consistently
 from .torch_private import AotiRunner, before_loading, exported_programs
@@ -160,7 +161,7 @@ def unpack_model(package: PackageFile, name: str, skip: str | None = None) -> Pa
     return folder
 
 
-def device_problem(built: dict[str, dict]) -> str | None:
+def device_problem(built: dict[str, dict], precision: str | None = None) -> str | None:
     """Why the AOTI part cannot run here (None if it can): torch's runners accept a CUDA package on a machine
     without a GPU, or built for another GPU generation, and fail only at the first call."""
     import torch
@@ -170,8 +171,12 @@ def device_problem(built: dict[str, dict]) -> str | None:
             continue
         if not torch.cuda.is_available():
             return "its AOTI part is built for CUDA and no GPU is usable here"
+        capability = torch.cuda.get_device_capability()
+        if precision == "fp8" and capability < FP8_CAPABILITY:
+            return (f"it is a precision=fp8 package, whose fp8 GEMMs need compute capability 8.9 or newer (Ada, "
+                    f"Hopper); this GPU has {capability[0]}.{capability[1]}: build it with precision=bf16")
         want = record.get("AOTI_COMPUTE_CAPABILITY", "")
-        have = "".join(map(str, torch.cuda.get_device_capability()))
+        have = "".join(map(str, capability))
         if want and want.replace(".", "") != have:
             return f"its AOTI part is built for compute capability {want}, this GPU has {have}"
     return None
@@ -192,7 +197,7 @@ def load_aoti_runners(package: Path | PackageFile) -> dict:
     from .constants import read_constants, readable_layout
 
     built = package.built_for
-    problem = device_problem(built)
+    problem = device_problem(built, package.metadata.get("precision"))
     if problem:
         raise PackageError(problem)
     folders, runners, weights = {}, {}, {}
