@@ -10,10 +10,11 @@
 #   tuned: the same build tuned: `doit tune` from nothing (at most TUNE_LIMIT s, default 660), then compile with
 #          the tuning results (alone on the machine: the compile time with the tuning cache present), verify, and
 #          the bench of every column
-#   fp8:   first, alone on the GPU: the fp8 GPU tests (scaled products, the fused MLP's kernel and its AOT compile,
-#          pixels through pinned memory) and experiments/vit_mlp_fp8.py (one ViT MLP: bf16, fp8 rows, groups, groups
-#          with the fused GELU kernel); then precision=fp8 (the ViT's linears as fp8 GEMMs), box_path_attention =
-#          "bf16", untuned: verify against the bf16 model, then bench of the AOTI columns
+#   fp8:   first, alone on the GPU: the fp8 GPU tests (scaled products, the fused fc1 kernel and the MLP's AOT
+#          compile, pixels through pinned memory), experiments/vit_mlp_fp8.py (one ViT MLP every way),
+#          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8; then precision=fp8
+#          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
+#          model, then bench of the AOTI columns
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -57,9 +58,8 @@
 #          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
-#   kernels: no build: the fp8 run's GPU tests, experiments/vit_mlp_fp8.py and the GELU group kernel's launch
-#          shapes (experiments/gelu_groups_tune.py), last, alone on the GPU (after every bench), for a run that
-#          measures other runs and cannot spare an fp8 build
+#   kernels: no build: the fp8 run's GPU tests and measurements (fp8_kernels), last, alone on the GPU (after every
+#          bench), for a run that measures other runs and cannot spare an fp8 build
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -341,14 +341,18 @@ tinytuned_run() {
         -o -name report.md \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RESULTS/tinytuned"
 }
 
-fp8_kernels() {  # the fp8 GPU tests, then one ViT MLP timed every way (experiments/vit_mlp_fp8.py) and the GELU
-    # group kernel's launch shapes and arithmetic
+fp8_kernels() {  # the fp8 GPU tests, one ViT MLP timed every way (experiments/vit_mlp_fp8.py), which fp8 pieces
+    # AOTInductor runs (experiments/fp8_aoti_pieces.py) and the ViT section in bf16 and fp8 (no build)
     step fp8-gpu-test scripts/gpu_run.sh --pytest -q tests/test_fp8.py \
-        tests/test_gpu.py -k "scaled_mm or aot_compiles or gelu_group or pinned_memory or one_copy"
+        tests/test_gpu.py -k "scaled_mm or aot_compile or fp8_fc1 or pinned_memory or one_copy"
     step vit-mlp-fp8 scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8"
-    step gelu-groups-tune scripts/gpu_run.sh --python experiments/gelu_groups_tune.py --out "$RESULTS/gelu-groups-tune"
-    step gelu-groups-arithmetic scripts/gpu_run.sh --python experiments/gelu_groups_arithmetic.py \
-        --out "$RESULTS/gelu-groups-arithmetic"
+    step fp8-aoti-pieces scripts/gpu_run.sh --python experiments/fp8_aoti_pieces.py
+    local precision
+    for precision in bf16 fp8; do
+        step "vit-section-$precision" scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 \
+            --precision "$precision" --device cuda --shapes 1x1,16x1 --sections ViT --kernels 16 \
+            --out "$RESULTS/vit-section-$precision"
+    done
 }
 
 actor_cpus() {  # actor_cpus CHECKOUT: ACTOR_CPUS (when set) as that checkout's [throughput] actor_cpus
