@@ -179,7 +179,7 @@ def fused_tma(rows, row_scales, weight, weight_scales, bias, block_m=128, block_
 
 
 def fused(rows, row_scales, weight, weight_scales, bias, block_m=128, block_k=128, num_warps=8, num_stages=3,
-          block_n=gelu_groups.GROUP, cheap=False, values_dtype=gelu_groups.E4M3):
+          block_n=gelu_groups.GROUP, cheap=False, values_dtype=gelu_groups.E4M3, wrap=lambda kernel: kernel):
     """`rows [M, K]` e4m3 with `row_scales [M, 1]`, `weight [N, K]` e4m3 with `weight_scales [1, N]`, `bias [N]`
     bf16 -> (e4m3 values [M, N], fp32 scales [N / 128, M]): `quantize_groups(gelu(rows @ weight.T + bias))`.
     `values_dtype` float32 keeps the quotients uncast (the interpreter's check)."""
@@ -188,7 +188,7 @@ def fused(rows, row_scales, weight, weight_scales, bias, block_m=128, block_k=12
     values = torch.empty((m, n), dtype=values_dtype, device=rows.device)
     scales = torch.empty((n // gelu_groups.GROUP, m), dtype=torch.float32, device=rows.device)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _fc1_gelu_groups_kernel[grid](rows, row_scales, weight, weight_scales, bias, values, scales, m, n, k,
+    wrap(_fc1_gelu_groups_kernel)[grid](rows, row_scales, weight, weight_scales, bias, values, scales, m, n, k,
                                   BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=gelu_groups.GROUP,
                                   GROUP_M=8, E4M3_MAX=gelu_groups.E4M3_MAX, MIN_AMAX=gelu_groups.MIN_SCALE_AMAX,
                                   CHEAP=cheap, num_warps=num_warps, num_stages=num_stages)

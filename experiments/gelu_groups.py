@@ -9,9 +9,9 @@ torch 2.11 (its proxy executor: benchmarks/h100-2026-12-06-fp8-fc1/), and the pr
 - The op `sam3_experiment::gelu_quantize_groups`: the bias, GELU and group quantization in one pass over the bf16
   product of cuBLAS's fp8 GEMM. Each program holds a block of rows times one group; the arithmetic is the unfused
   graph's step for step (bf16 add, GELU in fp32 rounded to bf16, `max(amax, 1e-12) / 448`, IEEE division).
-- The op `sam3_experiment::fp8_linear_gelu_groups`: fc1 as one Triton fp8 GEMM whose epilogue quantizes in groups
-  (`linear_reference` is its arithmetic).
 - `launch_group_linear`: fc2's blockwise product in Triton.
+- fc1 as one Triton fp8 GEMM whose epilogue quantizes in groups: `fp8_fc1_fused.py`'s kernel (vit_mlp_fp8.py wraps it
+  as an op).
 """
 
 from __future__ import annotations
@@ -43,15 +43,6 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = groups.abs().amax(-1, keepdim=True).clamp(min=MIN_SCALE_AMAX) / E4M3_MAX
     values = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(m, k)
     return values, scale.reshape(m, k // GROUP).t().contiguous()
-
-
-def linear_reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
-                     bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rows [M, K]` e4m3 with `row_scales [M, 1]`, `weight [N, K]` e4m3 with `weight_scales [1, N]`, `bias [N]` ->
-    `quantize_groups(gelu_tanh(rows @ weight.T * scales + bias))`, all in fp32 (the kernel's arithmetic, up to the
-    order of its sums, the SFU's tanh and a reciprocal in place of the division)."""
-    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
-    return quantize_groups(F.gelu(product, approximate="tanh"))
 
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,92 +121,6 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _tanh(x, APPROX: tl.constexpr):
-        if APPROX:  # one SFU instruction (max relative error about 2^-11, far under e4m3's 2^-4)
-            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                             is_pure=True, pack=1)
-        return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0  # Triton's interpreter runs no PTX
-
-    @triton.jit
-    def _linear_gelu_groups_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, values_ptr, scales_ptr, m,
-                                   n: tl.constexpr, k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                   BLOCK_K: tl.constexpr, GROUP: tl.constexpr, GROUP_M: tl.constexpr,
-                                   E4M3_MAX: tl.constexpr, MIN_AMAX: tl.constexpr, APPROX_TANH: tl.constexpr,
-                                   GROUPS_OUT: tl.constexpr):
-        """GROUPS_OUT: e4m3 values and their group scales; else the GELU's output in bf16 (`values_ptr`)."""
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
-        per_band = GROUP_M * blocks_n  # programs of GROUP_M row blocks, taken column by column (weights stay in L2)
-        first_m = (pid // per_band) * GROUP_M
-        band_m = tl.minimum(blocks_m - first_m, GROUP_M)
-        block_m = first_m + (pid % per_band) % band_m
-        block_n = (pid % per_band) // band_m
-        rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N passes 2^31 at 64 images
-        cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        depth = tl.arange(0, BLOCK_K)
-        a_at = a_ptr + rows[:, None] * k + depth[None, :]  # [BLOCK_M, BLOCK_K] of the row-major activations
-        w_at = w_ptr + cols[None, :].to(tl.int64) * k + depth[:, None]  # [BLOCK_K, BLOCK_N] of the K-major weight
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for _ in range(0, k // BLOCK_K):  # k a constexpr: the interpreter ranges over no runtime int
-            acc = tl.dot(tl.load(a_at, mask=rows[:, None] < m, other=0.0),
-                         tl.load(w_at, mask=cols[None, :] < n, other=0.0), acc)
-            a_at += BLOCK_K
-            w_at += BLOCK_K
-        a_scale = tl.load(a_scale_ptr + rows, mask=rows < m, other=0.0)
-        w_scale = tl.load(w_scale_ptr + cols, mask=cols < n, other=0.0)
-        bias = tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
-        h = acc * a_scale[:, None] * w_scale[None, :] + bias[None, :]
-        g = 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h), APPROX_TANH))
-        if GROUPS_OUT:
-            g = tl.reshape(g, (BLOCK_M, BLOCK_N // GROUP, GROUP))
-            amax = tl.maximum(tl.max(tl.abs(g), axis=2), MIN_AMAX)  # [BLOCK_M, groups]
-            values = tl.reshape(tl.clamp(g * (E4M3_MAX / amax)[:, :, None], -E4M3_MAX, E4M3_MAX),
-                                (BLOCK_M, BLOCK_N))
-            tl.store(values_ptr + rows[:, None] * n + cols[None, :], values.to(values_ptr.dtype.element_ty),
-                     mask=(rows[:, None] < m) & (cols[None, :] < n))
-            group_ids = block_n * (BLOCK_N // GROUP) + tl.arange(0, BLOCK_N // GROUP)
-            tl.store(scales_ptr + group_ids[None, :] * m + rows[:, None], amax / E4M3_MAX,
-                     mask=(rows[:, None] < m) & (group_ids[None, :] < n // GROUP))
-        else:
-            tl.store(values_ptr + rows[:, None] * n + cols[None, :], g.to(values_ptr.dtype.element_ty),
-                     mask=(rows[:, None] < m) & (cols[None, :] < n))
-
-
-# fc1's launch: 128 x 256 tiles (two groups), 128 deep, 8 warps, 3 stages: the fastest of 14 pointer and TMA shapes on
-# an H100 (benchmarks/h100-2026-12-06-fp8-fc1/), as fast as the persistent TMA kernel and at 0.95-1.0x of the time
-# of its bf16 product alone
-LINEAR_LAUNCH = {"block_m": 128, "block_n": 256, "block_k": 128, "num_warps": 8, "num_stages": 3}
-
-
-def takes_linear(rows: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel runs this product: on CUDA, contiguous e4m3 operands, K a multiple of 16 (a tile's
-    depth), N of 128 (whole groups)."""
-    return (triton is not None and rows.is_cuda and rows.dtype == weight.dtype == E4M3 and rows.is_contiguous()
-            and weight.is_contiguous() and rows.shape[1] % 16 == 0 and weight.shape[0] % GROUP == 0)
-
-
-def launch_linear_gelu_groups(rows, row_scales, weight, weight_scales, bias, wrap=lambda kernel: kernel,
-                              approx_tanh: bool = True, values_dtype=E4M3, groups_out: bool = True, **launch):
-    """The fused kernel on `rows [M, K]`, `weight [N, K]` (`linear_reference`'s arguments); `wrap` as in
-    `launch_gelu_groups`; `launch` overrides `LINEAR_LAUNCH`. `approx_tanh=False` and `values_dtype=torch.float32`
-    (the quotients uncast) are for Triton's interpreter."""
-    launch = {**LINEAR_LAUNCH, **launch}
-    m, k = rows.shape
-    n = weight.shape[0]
-    block_k = next(depth for depth in (launch["block_k"], 64, 32, 16) if k % depth == 0)
-    values = torch.empty((m, n), dtype=values_dtype if groups_out else torch.bfloat16, device=rows.device)
-    scales = torch.empty((n // GROUP, m) if groups_out else (0,), dtype=torch.float32, device=rows.device)
-    grid = (triton.cdiv(m, launch["block_m"]) * triton.cdiv(n, launch["block_n"]),)
-    wrap(_linear_gelu_groups_kernel)[grid](
-        rows, row_scales, weight, weight_scales, bias, values, scales, m, n, k, BLOCK_M=launch["block_m"],
-        BLOCK_N=launch["block_n"], BLOCK_K=block_k, GROUP=GROUP, GROUP_M=8, E4M3_MAX=E4M3_MAX,
-        MIN_AMAX=MIN_SCALE_AMAX, APPROX_TANH=approx_tanh, GROUPS_OUT=groups_out, num_warps=launch["num_warps"],
-        num_stages=launch["num_stages"])
-    return (values, scales) if groups_out else values
-
-
-if triton is not None:
-    @triton.jit
     def _group_linear_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, m, n: tl.constexpr,
                              k: tl.constexpr, scale_stride: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
                              GROUP_M: tl.constexpr):
@@ -286,12 +191,3 @@ def gelu_quantize_groups(x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Ten
             or x.shape[1] % GROUP or x.stride(1) != 1):
         return reference(x, bias)
     return launch_gelu_groups(x, bias.to(x.dtype), wrap=torch.library.wrap_triton)
-
-
-@torch.library.triton_op("sam3_experiment::fp8_linear_gelu_groups", mutates_args=())
-def fp8_linear_gelu_groups(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor,
-                           weight_scales: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if not takes_linear(rows, weight):
-        return linear_reference(rows, row_scales, weight, weight_scales, bias)
-    return launch_linear_gelu_groups(rows, row_scales.contiguous(), weight, weight_scales.contiguous(), bias,
-                                     wrap=torch.library.wrap_triton)

@@ -40,8 +40,21 @@ from torch import nn  # noqa: E402
 
 from sam3_aoti.model.fp8 import Fp8Linear, Fp8Mlp as ProductMlp, quantize_rows  # noqa: E402
 
+import fp8_fc1_fused  # noqa: E402  (this folder's)
 import gelu_groups  # noqa: E402  (this folder's)
 from gelu_groups import Fp8GroupLinear, quantize_groups  # noqa: E402
+
+
+@torch.library.triton_op("sam3_experiment::fp8_linear_gelu_groups", mutates_args=())
+def fp8_linear_gelu_groups(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor,
+                           weight_scales: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fc1 with the bias, the tanh GELU and 1 x 128 group quantization in its epilogue (`fp8_fc1_fused.py`'s
+    kernel with the cheap epilogue, fc1's launch); off CUDA its arithmetic in torch ops."""
+    if not rows.is_cuda:
+        product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
+        return quantize_groups(F.gelu(product, approximate="tanh"))
+    return fp8_fc1_fused.fused(rows, row_scales, weight, weight_scales, bias, block_n=256, cheap=True,
+                               wrap=torch.library.wrap_triton)
 
 
 @torch.library.triton_op("sam3_experiment::fp8_group_linear", mutates_args=())
