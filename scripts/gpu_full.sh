@@ -14,7 +14,7 @@
 #          compile, pixels through pinned memory), experiments/vit_mlp_fp8.py (one ViT MLP every way),
 #          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
-#          model, then bench of the AOTI columns
+#          model, then bench of the AOTI columns (FP8_KERNELS=0 in the environment: the build and bench alone)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -414,7 +414,7 @@ run_all() {
     [[ $runs == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
-    [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && fp8_kernels)
+    [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
     [[ $runs == *" parity "* ]] && { full_build parity bf16 & pids+=($!); }
