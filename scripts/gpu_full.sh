@@ -14,7 +14,8 @@
 #          compile, pixels through pinned memory), experiments/vit_mlp_fp8.py (one ViT MLP every way),
 #          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
-#          model, then bench of the AOTI columns (FP8_KERNELS=0 in the environment: the build and bench alone)
+#          model, then bench of the AOTI columns and parity with Meta (FP8_KERNELS=0 in the environment: the build,
+#          bench and parity alone)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -446,7 +447,8 @@ run_all() {
     fi
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
-    [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8)
+    [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8 &&
+        build fp8-parity parity $SAM3 precision=fp8)  # against Meta under bf16 autocast, [parity.tolerances.fp8]
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
         segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"')

@@ -5,7 +5,7 @@ as `doit parity` (weights written in Meta's format and loaded by Meta's builder,
 run as `doit parity` runs it: fp32, or bf16 autocast for a bf16 build), with `Sam3Grounding` as the export
 stage builds it (precision and `[export]` choices of the pipeline.toml given) in place of the AOTI package,
 checked against `[parity.tolerances]`. Needs a GPU and Meta's `sam3` (scripts/fetch_gpu_wheels.sh).
-Usage: python scripts/checks/parity_eager.py [profile=sam3] [weights=random] [precision=fp32|bf16] [config=PATH]
+Usage: python scripts/checks/parity_eager.py [profile=sam3] [weights=random] [precision=fp32|bf16|fp8] [config=PATH]
 """
 
 import json
