@@ -28,6 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sam3_aoti.model.fp8 import quantize_rows  # noqa: E402
+from sam3_aoti.runtime.fp8_linear import tile_of  # noqa: E402
 import gelu_groups  # noqa: E402  (this folder's)
 
 WIDTH, HIDDEN, TOKENS_PER_IMAGE = 1024, 4736, 72 * 72  # the ViT's width, its MLP's, tokens of one image
@@ -85,13 +86,7 @@ def _fc1_gelu_groups_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, va
                             k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP: tl.constexpr, GROUP_M: tl.constexpr, E4M3_MAX: tl.constexpr,
                             MIN_AMAX: tl.constexpr, CHEAP: tl.constexpr):
-    pid = tl.program_id(0)
-    blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
-    per_band = GROUP_M * blocks_n  # programs of GROUP_M row blocks, taken column by column (weights stay in L2)
-    first_m = (pid // per_band) * GROUP_M
-    band_m = tl.minimum(blocks_m - first_m, GROUP_M)
-    block_m = first_m + (pid % per_band) % band_m
-    block_n = (pid % per_band) // band_m
+    block_m, block_n = tile_of(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
     rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
     depth = tl.arange(0, BLOCK_K)

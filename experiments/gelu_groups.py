@@ -23,6 +23,8 @@ from torch import nn
 try:
     import triton
     import triton.language as tl
+
+    from sam3_aoti.runtime.fp8_linear import tile_of  # the product's tile order
 except ImportError:  # a CPU-only torch: the op runs its torch ops
     triton = None
 
@@ -127,13 +129,7 @@ if triton is not None:
         """`out = (a * a_scales) @ (w * w_scales).T + bias` over 1 x GROUP activation groups and GROUP x GROUP weight
         blocks: each step of the K loop is one group, its product scaled into the fp32 sum (a tile is one block
         wide, so one weight scale a step)."""
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, GROUP)
-        per_band = GROUP_M * blocks_n
-        first_m = (pid // per_band) * GROUP_M
-        band_m = tl.minimum(blocks_m - first_m, GROUP_M)
-        block_m = first_m + (pid % per_band) % band_m
-        block_n = (pid % per_band) // band_m
+        block_m, block_n = tile_of(tl.program_id(0), m, n, BLOCK_M, GROUP, GROUP_M)
         rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = block_n * GROUP + tl.arange(0, GROUP)
         depth = tl.arange(0, GROUP)

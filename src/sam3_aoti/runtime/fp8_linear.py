@@ -55,16 +55,20 @@ if triton is not None:
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0  # Triton's interpreter runs no PTX
 
     @triton.jit
+    def tile_of(pid, m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """Program `pid`'s tile of an `[m, n]` output, as (row block, column block): programs take GROUP_M row
+        blocks column by column, so a band's weights stay in L2."""
+        blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
+        per_band = GROUP_M * blocks_n
+        first_m = (pid // per_band) * GROUP_M
+        band_m = tl.minimum(blocks_m - first_m, GROUP_M)
+        return first_m + (pid % per_band) % band_m, (pid % per_band) // band_m
+
+    @triton.jit
     def _linear_gelu_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, m, n: tl.constexpr,
                             k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, APPROX_TANH: tl.constexpr):
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(m, BLOCK_M), tl.cdiv(n, BLOCK_N)
-        per_band = GROUP_M * blocks_n  # programs of GROUP_M row blocks, taken column by column (weights stay in L2)
-        first_m = (pid // per_band) * GROUP_M
-        band_m = tl.minimum(blocks_m - first_m, GROUP_M)
-        block_m = first_m + (pid % per_band) % band_m
-        block_n = (pid % per_band) // band_m
+        block_m, block_n = tile_of(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
         rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N passes 2^31 at 64 images
         cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
         depth = tl.arange(0, BLOCK_K)
