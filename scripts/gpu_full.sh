@@ -12,7 +12,8 @@
 #          the bench of every column
 #   fp8:   first, alone on the GPU: the fp8 GPU tests (scaled products, the fused fc1 kernel and the MLP's AOT
 #          compile, pixels through pinned memory), experiments/vit_mlp_fp8.py (one ViT MLP every way),
-#          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8; then precision=fp8
+#          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8, each with and without
+#          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
 #          model, then bench of the AOTI columns and parity with Meta (FP8_KERNELS=0 in the environment: the build,
 #          bench and parity alone)
@@ -348,11 +349,14 @@ fp8_kernels() {  # the fp8 GPU tests, one ViT MLP timed every way (experiments/v
         tests/test_gpu.py -k "scaled_mm or aot_compile or fp8_fc1 or pinned_memory or one_copy"
     step vit-mlp-fp8 scripts/gpu_run.sh --python experiments/vit_mlp_fp8.py --out "$RESULTS/vit-mlp-fp8"
     step fp8-aoti-pieces scripts/gpu_run.sh --python experiments/fp8_aoti_pieces.py
-    local precision
+    local precision config
+    sed 's/"vit_fused_qkv", //' pipeline.toml > without-fused-qkv.toml  # the lever of 2026-12-06, measured against
     for precision in bf16 fp8; do
-        step "vit-section-$precision" scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 \
-            --precision "$precision" --device cuda --shapes 1x1,16x1 --sections ViT --kernels 16 \
-            --out "$RESULTS/vit-section-$precision"
+        for config in pipeline.toml without-fused-qkv.toml; do
+            step "vit-section-$precision-${config%.toml}" scripts/gpu_run.sh --python scripts/checks/section_times.py \
+                --profile sam3 --precision "$precision" --device cuda --shapes 1x1,16x1 --sections ViT --kernels 16 \
+                --config "$config" --out "$RESULTS/vit-section-$precision-${config%.toml}"
+        done
     done
 }
 

@@ -73,6 +73,37 @@ def test_only_aligned_linears_are_swapped():
     assert isinstance(part[2], nn.Linear)  # 10 outputs: not a multiple of 16, left in bf16
 
 
+def test_stacked_fp8_linears_give_each_ones_output_side_by_side():
+    """`vit_fused_qkv` on a precision=fp8 build (quantized before the optimizations) stacks q, k and v's fp8
+    layers: each output channel keeps its weight, scale and bias, so the stack is the three, column for column."""
+    from sam3_aoti.model.optimizations.layers import stack_linears
+
+    torch.manual_seed(0)
+    layers = [Fp8Linear(nn.Linear(64, 32)) for _ in range(3)]
+    layers[1].bias = None  # a layer without a bias adds zeros
+    stack = stack_linears(layers)
+    assert isinstance(stack, Fp8Linear) and stack.weight.dtype == E4M3 and stack.weight_scale.shape == (1, 96)
+    x = torch.randn(2, 7, 64, dtype=torch.bfloat16)
+    want = torch.cat([layer(x) for layer in layers], -1)
+    assert torch.allclose(stack(x).float(), want.float(), rtol=2**-8, atol=0)  # bf16's last bit at most
+    assert stack_linears([Fp8Linear(nn.Linear(64, 32, bias=False)) for _ in range(2)]).bias is None
+
+
+def test_an_fp8_wrapper_with_fused_vit_projections_computes_the_unfused_one():
+    model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
+    apart = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS).eval()
+    fused = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS,
+                          optimizations=("vit_fused_qkv",)).eval()
+    layers = model.config.vision_config.backbone_config.num_hidden_layers
+    assert sum(isinstance(m, Fp8Linear) for m in fused.modules()) == 3 * layers  # qkv, o and fc1
+    args = example_inputs(model.config, 2, 3)
+    with torch.no_grad():
+        got, want = fused(*args), apart(*args)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert (g.float() - w.float()).norm() <= 1e-2 * w.float().norm() + 1e-6
+
+
 def test_an_fp8_wrapper_quantizes_the_vit_linears_only_and_stays_near_bf16():
     model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
     bf16 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16).eval()

@@ -3,8 +3,8 @@ MLP's fc1).
 
 Each weight is quantized once when the model is built for export, each activation at run time, in the graph,
 where Inductor fuses the row max and the cast into the kernel that produces the activation (a LayerNorm, or the
-attention output). The product runs in e4m3 with fp32 scales, one per token and one per output channel, and
-returns bf16; the bias is added after it, in the consumer's kernel. The MLP's fc1 is one Triton GEMM with its bias
+attention output). The product runs in e4m3 with fp32 scales, one per token and one per output channel, adds
+the bias in its epilogue and returns bf16. The MLP's fc1 is one Triton GEMM with its bias
 and GELU in the epilogue (`Fp8Mlp`, `runtime.fp8_linear`); its fc2 stays bf16: GELU's 4736-wide output needs a
 row max that costs more than the fp8 GEMM saves, its 1 x 128 group form (`F.scaled_mm`, blockwise) fails under
 AOTInductor in torch 2.11, and the project's Triton form was slower than cuBLAS's bf16 GEMM
@@ -48,15 +48,28 @@ class Fp8Linear(nn.Module):
         bias = linear.bias.detach().to(torch.bfloat16) if linear.bias is not None else None
         self.register_buffer("bias", bias)
 
+    @classmethod
+    def stacked(cls, linears: list["Fp8Linear"]) -> "Fp8Linear":
+        """One layer whose output is `linears`' side by side, for layers that read one input: their weights,
+        scales and biases concatenated (exact: each output channel keeps its own scale)."""
+        stack = cls.__new__(cls)
+        nn.Module.__init__(stack)
+        stack.in_features, stack.out_features = linears[0].in_features, sum(ln.out_features for ln in linears)
+        stack.register_buffer("weight", torch.cat([ln.weight for ln in linears]))
+        stack.register_buffer("weight_scale", torch.cat([ln.weight_scale for ln in linears], dim=1))
+        biases = [ln.bias if ln.bias is not None else ln.weight_scale.new_zeros(ln.out_features, dtype=torch.bfloat16)
+                  for ln in linears]
+        stack.register_buffer("bias", None if all(ln.bias is None for ln in linears) else torch.cat(biases))
+        return stack
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, scale = quantize_rows(x.reshape(-1, self.in_features))
-        if rows.is_cuda:
-            out = torch._scaled_mm(rows, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
+        if rows.is_cuda:  # the bias in the GEMM's epilogue, added in fp32 before the one rounding to bf16
+            out = torch._scaled_mm(rows, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, bias=self.bias,
                                    out_dtype=torch.bfloat16)
         else:  # the same arithmetic where _scaled_mm has no rowwise kernel (CPU: the tests)
-            out = ((rows.float() @ self.weight.float().t()) * scale * self.weight_scale).to(torch.bfloat16)
-        if self.bias is not None:
-            out = out + self.bias
+            out = (rows.float() @ self.weight.float().t()) * scale * self.weight_scale
+            out = (out if self.bias is None else out + self.bias.float()).to(torch.bfloat16)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

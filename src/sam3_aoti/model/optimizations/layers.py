@@ -13,6 +13,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.sam3.modeling_sam3 import Sam3Attention, box_cxcywh_to_xyxy, eager_attention_forward
 
 from ...runtime import attention
+from ..fp8 import Fp8Linear
 
 
 @functools.cache
@@ -35,8 +36,11 @@ class StackedLinear(nn.Linear):
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
-def stack_linears(linears: list[nn.Linear]) -> StackedLinear:
-    """One `StackedLinear` holding the layers' weights and biases (copies: the layers lose theirs after)."""
+def stack_linears(linears: list[nn.Linear]) -> nn.Module:
+    """One `StackedLinear` holding the layers' weights and biases (copies: the layers lose theirs after); fp8
+    layers (precision=fp8 quantizes before the optimizations) as one `Fp8Linear`."""
+    if all(isinstance(linear, Fp8Linear) for linear in linears):
+        return Fp8Linear.stacked(linears)
     first = linears[0]
     stack = StackedLinear(first.in_features, first.out_features * len(linears), device="meta")
     stack.weight = nn.Parameter(torch.cat([linear.weight.detach() for linear in linears]))
