@@ -28,7 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sam3_aoti.model.fp8 import quantize_rows  # noqa: E402
-from sam3_aoti.runtime.fp8_linear import tile_of  # noqa: E402
+from sam3_aoti.runtime.fp8_linear import gelu_tanh, tile_of  # noqa: E402
 import gelu_groups  # noqa: E402  (this folder's)
 
 WIDTH, HIDDEN, TOKENS_PER_IMAGE = 1024, 4736, 72 * 72  # the ViT's width, its MLP's, tokens of one image
@@ -40,11 +40,6 @@ POINTER_CONFIGS = [(128, 256, 128, 8, 3), (128, 256, 64, 8, 4), (128, 128, 128, 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the persistent TMA kernel: Triton's persistent-matmul tutorial
 # takes 128 x 256 x 128 tiles for fp8 on Hopper; a tile holds BLOCK_N / 128 whole groups
 TMA_CONFIGS = [(128, 256, 128, 8, 3), (128, 256, 64, 8, 4), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3)]
-
-
-@triton.jit
-def _tanh_approx(x):
-    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -63,7 +58,7 @@ def _gelu_groups_epilogue(acc, rows, first_col, a_scale_ptr, w_scale_ptr, bias_p
     bias = tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
     if CHEAP:
         h = acc * a_scale[:, None] * w_scale[None, :] + bias[None, :]
-        g = 0.5 * h * (1.0 + _tanh_approx(0.7978845608028654 * (h + 0.044715 * h * h * h)))
+        g = gelu_tanh(h, True)
     else:
         y = (acc * a_scale[:, None] * w_scale[None, :]).to(tl.bfloat16)  # _scaled_mm's bf16 output
         h = (y.to(tl.float32) + bias[None, :]).to(tl.bfloat16).to(tl.float32)

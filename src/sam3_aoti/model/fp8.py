@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ..runtime.contract import FP8_CAPABILITY
+from ..runtime.contract import FP8_CAPABILITY, FP8_NEEDS
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
@@ -128,5 +128,5 @@ def check_fp8_device(device: torch.device) -> str | None:
     capability = torch.cuda.get_device_capability(device)
     if capability < FP8_CAPABILITY:
         return (f"{torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]}) has no "
-                "fp8 tensor cores: fp8 needs 8.9 or newer (Ada, Hopper)")
+                f"fp8 tensor cores: fp8 needs {FP8_NEEDS}")
     return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from ..errors import ConfigError
-from ..runtime.contract import FP8_CAPABILITY
+from ..runtime.contract import FP8_CAPABILITY, FP8_NEEDS
 from ..runtime.files import write_text_atomic
 from .paths import DEFAULT_CONFIG, REPO_ROOT, portable, resolve_portable
 from .precision import PRECISIONS, Precision
@@ -194,8 +194,8 @@ def load_settings(
     if PRECISIONS[precision].needs_cuda and device == "cpu":
         raise ConfigError(f"precision={precision} needs device=cuda: use precision=fp32 on the CPU")
     if precision == "fp8" and (gpu := gpu_capability()) and gpu[1] < FP8_CAPABILITY:
-        raise ConfigError(f"precision=fp8 needs a GPU with fp8 tensor cores (compute capability 8.9 or newer: Ada, "
-                          f"Hopper); {gpu[0]} has {'.'.join(map(str, gpu[1]))}: use precision=bf16")
+        raise ConfigError(f"precision=fp8 needs a GPU with fp8 tensor cores ({FP8_NEEDS}); {gpu[0]} has "
+                          f"{'.'.join(map(str, gpu[1]))}: use precision=bf16")
     check_tolerances_for(config_path, tables, precision)
     weights = weights or "random"
     if profile == "tiny" and weights != "random":

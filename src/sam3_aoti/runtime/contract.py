@@ -39,3 +39,4 @@ FP32_IN_BF16 = ("detr_decoder", "dot_product_scoring")
 # Parts whose linear layers an fp8 build runs as rowwise-scaled fp8 GEMMs (model.fp8); the rest is bf16.
 FP8_PARTS = ("vision_encoder.backbone",)
 FP8_CAPABILITY = (8, 9)  # the compute capability fp8 tensor cores came with (Ada; Hopper is 9.0)
+FP8_NEEDS = f"compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer: Ada, Hopper"  # errors say so

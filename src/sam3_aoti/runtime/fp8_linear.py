@@ -55,6 +55,11 @@ if triton is not None:
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0  # Triton's interpreter runs no PTX
 
     @triton.jit
+    def gelu_tanh(h, APPROX: tl.constexpr):
+        """GELU's tanh form of an fp32 tile, in about 20 instructions an element with APPROX (the SFU's tanh)."""
+        return 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h), APPROX))
+
+    @triton.jit
     def tile_of(pid, m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
         """Program `pid`'s tile of an `[m, n]` output, as (row block, column block): programs take GROUP_M row
         blocks column by column, so a band's weights stay in L2."""
@@ -84,7 +89,7 @@ if triton is not None:
         w_scale = tl.load(w_scale_ptr + cols, mask=cols < n, other=0.0)
         bias = tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
         h = acc * a_scale[:, None] * w_scale[None, :] + bias[None, :]
-        g = 0.5 * h * (1.0 + _tanh(0.7978845608028654 * (h + 0.044715 * h * h * h), APPROX_TANH))
+        g = gelu_tanh(h, APPROX_TANH)
         tl.store(out_ptr + rows[:, None] * n + cols[None, :], g.to(out_ptr.dtype.element_ty),
                  mask=(rows[:, None] < m) & (cols[None, :] < n))
 

@@ -17,7 +17,7 @@ from typing import Callable
 from ..errors import InputError, PackageError, first_line
 from .archive import MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
 from .checked import checked
-from .contract import FP8_CAPABILITY
+from .contract import FP8_CAPABILITY, FP8_NEEDS
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import PackageChanged, PackageFile, check_package, read_consistently
 from .torch_private import AotiRunner, before_loading, exported_programs
@@ -173,8 +173,8 @@ def device_problem(built: dict[str, dict], precision: str | None = None) -> str 
             return "its AOTI part is built for CUDA and no GPU is usable here"
         capability = torch.cuda.get_device_capability()
         if precision == "fp8" and capability < FP8_CAPABILITY:
-            return (f"it is a precision=fp8 package, whose fp8 GEMMs need compute capability 8.9 or newer (Ada, "
-                    f"Hopper); this GPU has {capability[0]}.{capability[1]}: build it with precision=bf16")
+            return (f"it is a precision=fp8 package, whose fp8 GEMMs need {FP8_NEEDS}; this GPU has "
+                    f"{capability[0]}.{capability[1]}: build it with precision=bf16")
         want = record.get("AOTI_COMPUTE_CAPABILITY", "")
         have = "".join(map(str, capability))
         if want and want.replace(".", "") != have:
