@@ -4,7 +4,7 @@ through the actor's `OverlappingSegmenter`: one call at a time, two calls overla
 segment's GPU actors run them; their rows checked equal), and one at a time with its steps timed apart (the
 device synchronized around each): pixels to the device and through `transforms` (one call per size), the model,
 the masks (select, resize, threshold, pack into bits, one copy back), and the rest (the Arrow table, the call's
-own Python). Then the CPU stage after the actor (`encode_masks`: bits to COCO counts) on one core. Writes
+own Python; the batch's columns, the pixel views, the padding and the rows' table are timed apart too). Then the CPU stage after the actor (`encode_masks`: bits to COCO counts) on one core. Writes
 segment-actor.json and prints a table.
 
 Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
@@ -29,6 +29,7 @@ def timed_steps(device: str, totals: dict):
     """Wrap the functions `Segmenter.__call__` reaches for, each timed with the device synchronized."""
     import torch
 
+    from sam3_aoti.batch import worker
     from sam3_aoti.runtime import inference, postprocess
 
     def synchronized():
@@ -53,9 +54,13 @@ def timed_steps(device: str, totals: dict):
         setattr(owner, name, timed_steps if name.endswith("_steps") else timed)
         return lambda: setattr(owner, name, original)
 
-    return [wrap(postprocess, "transformed", "pixels to the device and transformed"),
+    return [wrap(worker, "columns_of", "the batch's columns (Arrow to Python, pixels as views)"),
+            wrap(worker, "pixels_in_place", "each image's bytes as a tensor"),
+            wrap(postprocess, "transformed", "pixels to the device and transformed"),
+            wrap(worker, "padded", "the batch padded to its graph's size"),
             wrap(inference, "run_prompts", "model"),
-            wrap(postprocess, "batch_instances_steps", "masks (select, resize, threshold, pack, one copy back)")]
+            wrap(postprocess, "batch_instances_steps", "masks (select, resize, threshold, pack, one copy back)"),
+            wrap(worker, "found_table", "the rows as an Arrow table")]
 
 
 ROUNDS = 3  # passes over the batches a rate is measured on
@@ -132,7 +137,7 @@ def main() -> None:
         for undo in restore:
             undo()
     steps = {name: round(seconds / len(sources) * 1e3, 2) for name, seconds in totals.items()}
-    steps["the rest (the Arrow table, the call's own Python)"] = round(stepped * 1e3 - sum(steps.values()), 2)
+    steps["the rest (the call's own Python)"] = round(stepped * 1e3 - sum(steps.values()), 2)
     result = {"package": str(args.package), "images": len(sources), "batch": args.batch, "prompt": args.prompt,
               "instances": instances, "decode_ms_per_image_one_core": round(decode_s / len(sources) * 1e3, 1),
               "import_s": round(import_s, 2), "cuda_context_s": round(context_s, 2), "load_s": round(load_s, 2),

@@ -200,7 +200,6 @@ class Segmenter:
         (`postprocess.batch_instances_steps`)."""
         import warnings
 
-        import pyarrow as pa
         import torch
 
         from ..runtime.inference import run_prompts
@@ -225,12 +224,19 @@ class Segmenter:
                 found[i] = [{"prompt": inst.prompt, "query": inst.query, "score": inst.score,
                              "box_xyxy": list(inst.box_xyxy), "mask_area": inst.area, "mask_bits": inst.bits.tobytes()}
                             for inst in image]
-        seconds = (time.perf_counter() - t0) / max(len(good), 1)
-        return pa.Table.from_pydict({
-            "source": [str(s) for s in sources], "width": [w for _, w in sizes],
-            "height": [h for h, _ in sizes], "error": [str(e) for e in errors],
-            "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
-            "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())
+        return found_table(sources, sizes, errors, found, (time.perf_counter() - t0) / max(len(good), 1))
+
+
+def found_table(sources, sizes: list, errors, found: dict, seconds: float):
+    """The rows of a call (`schemas.found_schema`): each image's source, size, error, the call's seconds an image
+    (0 for an image that failed) and the instances found in it (`found`, by the image's index)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pydict({
+        "source": [str(s) for s in sources], "width": [w for _, w in sizes],
+        "height": [h for h, _ in sizes], "error": [str(e) for e in errors],
+        "seconds": [seconds if i in found else 0.0 for i in range(len(sizes))],
+        "instances": [found.get(i, []) for i in range(len(sizes))]}, schema=found_schema())
 
 
 def padded(pixels, size: int | None):
