@@ -79,6 +79,8 @@
 #          TMA one)
 #   vitblock: no build, after vitattn, alone: experiments/vit_block.py (one ViT layer, windowed and global, at 16
 #          images: transformers' SDPA, vit_attention_kernel, and the candidates beside it)
+#   vitnorm: no build, after vitblock, alone: experiments/vit_norm_fp8.py (precision=fp8's residual + LayerNorm +
+#          e4m3 rows at 16 images: Inductor's kernels, Inductor with persistent reductions, one Triton kernel)
 #   tiny:  the default chain of the tiny profile on CUDA (`doit device=cuda`), the GPU tests that use its
 #          package (CUDA graphs vs the plain runner), then the C++ consumer on its package
 # Every build uses the pinned pip toolkit (.cuda-whl: .cuda-whl/rest on one call, .cuda-whl/nvvm/a and b on two
@@ -410,7 +412,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -474,6 +476,8 @@ run_all() {
         experiments/vit_attention.py --out "$RESULTS/vit-attention")
     [[ $runs == *" vitblock "* ]] && (cd "$WORK/vitblock" && step vit-block scripts/gpu_run.sh --python \
         experiments/vit_block.py --out "$RESULTS/vit-block")
+    [[ $runs == *" vitnorm "* ]] && (cd "$WORK/vitnorm" && step vit-norm-fp8 scripts/gpu_run.sh --python \
+        experiments/vit_norm_fp8.py --out "$RESULTS/vit-norm-fp8")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
     [[ $runs == *" heads "* ]] && (heads_run)
@@ -524,5 +528,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac
