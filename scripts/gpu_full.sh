@@ -62,6 +62,8 @@
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   kernels: no build: the fp8 run's GPU tests and measurements (fp8_kernels), last, alone on the GPU (after every
 #          bench), for a run that measures other runs and cannot spare an fp8 build
+#   windoworder: no build, alone: the ViT section compiled alone (1 x 1 and 16 x 1) in bf16 and fp8, without and with
+#          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -362,6 +364,26 @@ fp8_kernels() {  # the fp8 GPU tests, one ViT MLP timed every way (experiments/v
     done
 }
 
+window_order_run() {  # no build: the ViT section in bf16 and fp8 without and with vit_window_order; eager parity with it
+    local precision config
+    if grep -q '"vit_window_order"' pipeline.toml; then
+        cp pipeline.toml window-order.toml && sed 's/"vit_window_order", //' pipeline.toml > window-order-off.toml
+    else
+        cp pipeline.toml window-order-off.toml
+        sed 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' pipeline.toml > window-order.toml
+    fi
+    for precision in bf16 fp8; do
+        for config in window-order-off.toml window-order.toml; do
+            step "vit-section-$precision-${config%.toml}" scripts/gpu_run.sh --python scripts/checks/section_times.py \
+                --profile sam3 --precision "$precision" --device cuda --shapes 1x1,16x1 --sections ViT --kernels 16 \
+                --config "$config" --out "$RESULTS/vit-section-$precision-${config%.toml}"
+        done
+    done
+    step window-order-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
+    step window-order-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16 \
+        config=window-order.toml
+}
+
 actor_cpus() {  # actor_cpus CHECKOUT: ACTOR_CPUS (when set) as that checkout's [throughput] actor_cpus
     [[ -n ${ACTOR_CPUS:-} ]] || return 0
     sed -i '/^actor_cpus = /d' "$1/pipeline.toml" && sed -i "/^\[throughput\]/a actor_cpus = $ACTOR_CPUS" "$1/pipeline.toml"
@@ -412,7 +434,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -480,6 +502,7 @@ run_all() {
         experiments/vit_norm_fp8.py --out "$RESULTS/vit-norm-fp8")
     [[ -n $tuned_pid ]] && wait "$tuned_pid" && (cd "$WORK/tuned" && build tuned-bench bench $SAM3 precision=bf16)
     [[ $runs == *" kernels "* ]] && (cd "$WORK/kernels" && fp8_kernels)
+    [[ $runs == *" windoworder "* ]] && (cd "$WORK/windoworder" && window_order_run)
     [[ $runs == *" heads "* ]] && (heads_run)
     [[ $runs == *" optimizations "* ]] && (optimizations_run)
     return 0
@@ -528,5 +551,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac

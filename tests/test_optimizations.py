@@ -145,6 +145,32 @@ def test_a_convolution_after_nearest_upsampling_is_four_coarse_ones():
         assert torch.equal(from_phases(to_phases(want)), want)
 
 
+def test_the_window_order_partitions_the_vits_tokens_once_a_call(tiny_model, inputs):
+    """`vit_window_order`: one window partition a call, after the ViT's first LayerNorm, where transformers has one
+    in each windowed layer; a ViT whose grid the windows do not tile keeps transformers' order."""
+    from transformers.models.sam3 import modeling_sam3
+
+    from sam3_aoti.model.optimizations import vit_window_order
+
+    def partitions(model) -> int:
+        calls = []
+        with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+            for module in (modeling_sam3, vit_window_order):
+                real = module.window_partition
+                patch.setattr(module, "window_partition", lambda *a, real=real: calls.append(1) or real(*a))
+            model(*inputs)
+        return len(calls)
+
+    vit = tiny_model.vision_encoder.backbone
+    windowed = sum(1 for layer in vit.layers if layer.window_size)
+    assert windowed >= 2 and partitions(Sam3Grounding(copy.deepcopy(tiny_model)).eval()) == windowed
+    assert partitions(Sam3Grounding(copy.deepcopy(tiny_model), optimizations=("vit_window_order",)).eval()) == 1
+    untiled = copy.deepcopy(tiny_model)
+    untiled.vision_encoder.backbone.config.window_size = 3  # 8 x 8 patches
+    REGISTRY["vit_window_order"].apply(untiled)
+    assert type(untiled.vision_encoder.backbone) is modeling_sam3.Sam3ViTModel
+
+
 def test_the_per_image_pixel_decoder_convolves_each_image_once_in_encode_image(tiny_model):
     """With `pixel_decoder_per_image`, encode_image hands decode the pixel decoder's convolutions of the finer
     levels (`laterals`, phase layout), decode on them is the whole model, prompt by prompt too, and the part that
