@@ -63,7 +63,8 @@
 #   kernels: no build: the fp8 run's GPU tests and measurements (fp8_kernels), last, alone on the GPU (after every
 #          bench), for a run that measures other runs and cannot spare an fp8 build
 #   windoworder: no build, alone: the ViT section compiled alone (1 x 1 and 16 x 1) in bf16 and fp8, without and with
-#          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on
+#          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on (WINDOW_ORDER_PARITY=0
+#          in the environment: the sections alone)
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -379,6 +380,7 @@ window_order_run() {  # no build: the ViT section in bf16 and fp8 without and wi
                 --config "$config" --out "$RESULTS/vit-section-$precision-${config%.toml}"
         done
     done
+    [[ ${WINDOW_ORDER_PARITY:-1} == 0 ]] && return 0  # a lease short of device time: the sections alone
     step window-order-weights scripts/gpu_run.sh weights $SAM3 precision=bf16 toolkit=machine || return 1
     step window-order-parity scripts/gpu_run.sh --python scripts/checks/parity_eager.py $SAM3 precision=bf16 \
         config=window-order.toml
