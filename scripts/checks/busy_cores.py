@@ -1,5 +1,6 @@
 """How many cores a command keeps busy, sampled: /proc/stat every few seconds while it runs, to a TSV (seconds since
-start, busy cores) and a summary line (the mean, and the seconds spent with fewer than all but half a core busy).
+start, busy cores) and a summary line (the mean, the seconds spent with fewer than all but half a core busy, and the
+core-seconds busy against those of the command's own processes).
 On 2 cores the suite's wall time is its CPU work over two cores only while both are busy: this shows where not.
 
 Usage: python scripts/checks/busy_cores.py --out samples.tsv [--every 5] -- COMMAND...
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -44,8 +46,11 @@ def main() -> None:
             out.flush()
             before = now
     short = sum(args.every for busy in samples if busy < cores - 0.5)
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"{len(samples) * args.every:.0f} s sampled: {sum(samples) / max(len(samples), 1):.2f} of {cores} cores "
-          f"busy on average; {short:.0f} s with fewer than {cores - 0.5:g} busy", file=sys.stderr)
+          f"busy on average; {short:.0f} s with fewer than {cores - 0.5:g} busy; {sum(samples) * args.every:.0f} "
+          f"core-seconds busy, {waited.ru_utime + waited.ru_stime:.0f} of them in the command's processes that were "
+          "waited for (the rest: processes it left to others, such as Ray's daemons, or other work)", file=sys.stderr)
     sys.exit(proc.returncode)
 
 
