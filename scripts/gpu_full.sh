@@ -64,7 +64,8 @@
 #          bench), for a run that measures other runs and cannot spare an fp8 build
 #   windoworder: no build, alone: the ViT section compiled alone (1 x 1 and 16 x 1) in bf16 and fp8, without and with
 #          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on (WINDOW_ORDER_PARITY=0
-#          in the environment: the sections alone; WINDOW_ORDER_PRECISIONS="fp8 bf16": that order)
+#          in the environment: the sections alone; WINDOW_ORDER_PRECISIONS="fp8 bf16": that order;
+#          WINDOW_ORDER_CONFIGS=window-order.toml: with it alone)
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -374,7 +375,7 @@ window_order_run() {  # no build: the ViT section in bf16 and fp8 without and wi
         sed 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' pipeline.toml > window-order.toml
     fi
     for precision in ${WINDOW_ORDER_PRECISIONS:-bf16 fp8}; do
-        for config in window-order-off.toml window-order.toml; do
+        for config in ${WINDOW_ORDER_CONFIGS:-window-order-off.toml window-order.toml}; do
             step "vit-section-$precision-${config%.toml}" scripts/gpu_run.sh --python scripts/checks/section_times.py \
                 --profile sam3 --precision "$precision" --device cuda --shapes 1x1,16x1 --sections ViT --kernels 16 \
                 --config "$config" --out "$RESULTS/vit-section-$precision-${config%.toml}"
