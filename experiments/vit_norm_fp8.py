@@ -260,7 +260,8 @@ def main() -> None:
              f"{torch.cuda.get_device_name()}", "",
              f"{moved / 1e6:.0f} MB to move; the card's copy rate here {copy_rate:.2f} TB/s, so at least "
              f"{results['floor_ms']} ms.", "",
-             "| place | form | ms | share of the copy rate | kernels | sum max diff | e4m3 values differing | dequantized max diff, of the row's max |",
+             "| place | form | ms | share of the copy rate | kernels | sum max diff | e4m3 values differing | "
+             "dequantized max diff, of the row's max |",
              "|---|---|---|---|---|---|---|---|"]
     for place, rows in results["places"].items():
         for name, r in rows.items():

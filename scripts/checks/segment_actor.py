@@ -1,11 +1,11 @@
-"""Where a `segment` actor's time goes, without Ray: the package loaded as an actor loads it, a collection like
-`doit throughput`'s decoded as the CPU tasks decode it (Arrow batches, as Ray hands them on), then each batch
-through the actor's `OverlappingSegmenter`: one call at a time, two calls overlapping on an event loop (as
-segment's GPU actors run them; their rows checked equal), and one at a time with its steps timed apart (the
-device synchronized around each): pixels to the device and through `transforms` (one call per size), the model,
-the masks (select, resize, threshold, pack into bits, one copy back), and the rest (the Arrow table, the call's
-own Python; the batch's columns, the pixel views, the padding and the rows' table are timed apart too). Then the CPU stage after the actor (`encode_masks`: bits to COCO counts) on one core. Writes
-segment-actor.json and prints a table.
+"""Where a `segment` actor's time goes, without Ray: the package loaded as an actor loads it, a collection like `doit
+throughput`'s decoded as the CPU tasks decode it (Arrow batches, as Ray hands them on), then each batch through the
+actor's `OverlappingSegmenter`: one call at a time, two calls overlapping on an event loop (as segment's GPU actors
+run them; their rows checked equal), and one at a time with its steps timed apart (the device synchronized around
+each): pixels to the device and through `transforms` (one call per size), the model, the masks (select, resize,
+threshold, pack into bits, one copy back), the batch's columns, the pixel views, the padding and the rows' Arrow
+table, and the rest (the call's own Python). Then the CPU stage after the actor (`encode_masks`: bits to COCO
+counts) on one core. Writes segment-actor.json and prints a table.
 
 Usage: python scripts/checks/segment_actor.py PACKAGE [--images 64] [--batch 16] [--prompt "a person"] [--out DIR]
 """

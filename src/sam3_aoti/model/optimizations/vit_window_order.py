@@ -1,10 +1,10 @@
 """`vit_window_order`: the ViT's tokens kept in its windows' order from the first layer to the last. transformers
-partitions the tokens into windows before each windowed layer's attention and puts them back after it, 28 times a
-call. LayerNorm, the MLP and the residual adds work token by token, and a global layer's attention attends every
-token to every other, so the tokens' order matters only to the rotary embedding: the global layers read their
-positions in the same order. One partition after the ViT's first LayerNorm and one unpartition after its last
-layer; none in between. In a precision=fp8 build the partition split each windowed layer's first LayerNorm from its
-rows' quantization: two kernels, 0.36 ms at 16 images on an H100 where the unpartitioned ones take 0.21
+partitions the tokens into windows before each windowed layer's attention and puts them back after it (28 of SAM3's
+32 layers). LayerNorm, the MLP and the residual adds work token by token, and a global layer's attention attends
+every token to every other, so the tokens' order matters only to the rotary embedding: the global layers read their
+positions in the same order. One partition after the ViT's first LayerNorm and one unpartition after its last layer;
+none in between. In a precision=fp8 build the partition split each windowed layer's first LayerNorm from its rows'
+quantization: two kernels, 0.36 ms at 16 images on an H100 where the unpartitioned ones take 0.21
 (benchmarks/h100-2026-12-06-vit-norm/). A grid the windows do not tile (transformers pads it, and the padding's
 tokens join each windowed attention) keeps transformers' order."""
 
