@@ -138,22 +138,19 @@ def difference(a, b) -> dict:
             "e4m3_values_differing": (rows_a.view(torch.uint8) != rows_b.view(torch.uint8)).float().mean().item()}
 
 
-class PersistentUpTo1024:
+def persistent_up_to_1024():
     """Inductor's choices with a persistent reduction for any reduction of at most 1024 values."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.virtualized import V
 
-    def __new__(cls):
-        from torch._inductor.choices import InductorChoices
-
-        class Choices(InductorChoices):
-            @staticmethod
-            def should_use_persistent_reduction(features, cooperative_reduction):
-                from torch._inductor.virtualized import V
-
-                if (not cooperative_reduction and features.is_reduction()
-                        and V.graph.sizevars.statically_known_leq(features.reduction_numel, 1024)):
-                    return True
-                return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
-        return Choices()
+    class Choices(InductorChoices):
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction):
+            if (not cooperative_reduction and features.is_reduction()
+                    and V.graph.sizevars.statically_known_leq(features.reduction_numel, 1024)):
+                return True
+            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+    return Choices()
 
 
 def compiled(place: str, grid: int, window: int, choices=None):
@@ -240,7 +237,7 @@ def main() -> None:
         fn, first = compiled(place, grid, window)
         reference = first(*call)
         rows["Inductor"] = {"ms": timed(fn, call), "kernels": kernels(fn, call)}
-        fn, first = compiled(place, grid, window, PersistentUpTo1024())
+        fn, first = compiled(place, grid, window, persistent_up_to_1024())
         out = first(*call)
         rows["Inductor, persistent up to 1024"] = {"ms": timed(fn, call), "kernels": kernels(fn, call),
                                                    **difference(reference, out)}
