@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import tomllib
 import zipfile
 
 import pytest
@@ -11,10 +12,14 @@ from sam3_aoti.runtime.files import atomic_output
 from sam3_aoti.errors import PackageError
 from sam3_aoti.model.configs import example_inputs, tiny_config
 from sam3_aoti.runtime.loader import load_package
+from sam3_aoti.runtime.contract import OUTPUT_NAMES
+from sam3_aoti.pipeline.gates import output_limit
 from sam3_aoti.pipeline.paths import fallback_of
 from torch.export.pt2_archive._package import load_pt2
 
-from helpers import TINY, TINY_MODELS as MODELS, rewrite_package
+from helpers import REPO, TINY, TINY_MODELS as MODELS, rewrite_package
+
+FP32_GATE = tomllib.loads((REPO / "pipeline.toml").read_text())["verify"]["tolerances"]["fp32"]
 
 
 def test_loads_aoti_runners_with_metadata_and_vocabulary(package_path):
@@ -117,8 +122,9 @@ def test_falls_back_to_exported_programs_when_the_aoti_part_is_for_cuda(package_
     raw = torch.rand(2, 3, 97, 150) * 255
     with torch.no_grad():
         torch.testing.assert_close(package.transforms(raw), reference.transforms(raw), atol=1e-4, rtol=1e-5)
-        for got, want in zip(package.model(images, token_ids), reference.model(images, token_ids)):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for name, got, want in zip(OUTPUT_NAMES, package.model(images, token_ids), reference.model(images, token_ids)):
+            # verify's own fp32 gate: the two backends sum in other orders (1.1e-5 apart at a mask logit of 0.013)
+            torch.testing.assert_close(got, want, rtol=0, atol=output_limit(FP32_GATE, want.abs().max().item(), name))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA package loads where CUDA is")
