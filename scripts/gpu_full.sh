@@ -368,12 +368,10 @@ fp8_kernels() {  # the fp8 GPU tests, one ViT MLP timed every way (experiments/v
 
 window_order_run() {  # no build: the ViT section in bf16 and fp8 without and with vit_window_order; eager parity with it
     local precision config
-    if grep -q '"vit_window_order"' pipeline.toml; then
-        cp pipeline.toml window-order.toml && sed 's/"vit_window_order", //' pipeline.toml > window-order-off.toml
-    else
-        cp pipeline.toml window-order-off.toml
-        sed 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' pipeline.toml > window-order.toml
-    fi
+    # off: named nowhere (neither in optimizations nor in precision_optimizations); on: in optimizations too
+    sed -e 's/"vit_window_order", //g' -e 's/, "vit_window_order"//g' -e 's/"vit_window_order"//g' pipeline.toml \
+        > window-order-off.toml
+    sed 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' window-order-off.toml > window-order.toml
     for precision in ${WINDOW_ORDER_PRECISIONS:-bf16 fp8}; do
         for config in ${WINDOW_ORDER_CONFIGS:-window-order-off.toml window-order.toml}; do
             step "vit-section-$precision-${config%.toml}" scripts/gpu_run.sh --python scripts/checks/section_times.py \

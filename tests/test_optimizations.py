@@ -26,6 +26,25 @@ def test_the_registry_is_the_list_pipeline_toml_accepts_in_its_order():
         assert set(optimization.changes_parts) | set(optimization.part_reads) <= set(PARTS), name
 
 
+def test_a_precision_adds_its_own_optimizations_to_the_build_at_that_precision_only(tiny_model):
+    """`[export] precision_optimizations` (one that pays in fp8 and costs in bf16): the build at that precision
+    exports with them too, in the registry's order; the others without."""
+    from dataclasses import replace
+
+    from sam3_aoti.pipeline.settings import load_settings
+
+    settings = load_settings(device="cpu")
+    export = {**settings.tables["export"], "optimizations": ["vit_fused_qkv", "relu_epilogue"],
+              "precision_optimizations": {"fp8": ["vit_window_order", "box_bias_kernel"], "bf16": []}}
+    settings = replace(settings, tables={**settings.tables, "export": export})
+    assert settings.optimizations == ("relu_epilogue", "vit_fused_qkv")
+    assert replace(settings, precision="bf16").optimizations == ("relu_epilogue", "vit_fused_qkv")
+    assert replace(settings, precision="fp8").optimizations == (
+        "box_bias_kernel", "relu_epilogue", "vit_fused_qkv", "vit_window_order")
+    built = Sam3Grounding.built_as(copy.deepcopy(tiny_model), settings)  # optimizations change the model in place
+    assert built.optimizations == ("relu_epilogue", "vit_fused_qkv")
+
+
 def _shape_of(model) -> list:
     """What an optimization swaps: each module's class and attention implementation, and its parameters."""
     return [(name, type(module).__name__, getattr(getattr(module, "config", None), "_attn_implementation", None))

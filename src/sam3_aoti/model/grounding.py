@@ -55,7 +55,7 @@ class Sam3Grounding(nn.Module):
         """The wrapper the export stage exports: the build's precision and `[export]` attention choices, and its
         optimizations unless `optimizations` names others."""
         opts = settings.stage("export")
-        optimizations = opts.get("optimizations", ()) if optimizations is None else optimizations
+        optimizations = settings.optimizations if optimizations is None else optimizations
         return cls.at(model, settings.spec, masked_attention=opts["masked_attention"],
                       box_path_attention=opts["box_path_attention"],
                       box_path_linears=opts["box_path_linears"], optimizations=tuple(optimizations)).eval()

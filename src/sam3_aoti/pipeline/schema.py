@@ -84,6 +84,14 @@ def _distinct(choices, what: str, empty: bool = False):
             f"a list of distinct {what} from {', '.join(map(repr, choices))}")
 
 
+def _per_precision(value):
+    """A table of precision = value (each precision at most once; TOML refuses a key twice)."""
+    check, what = value
+    return ((lambda v: isinstance(v, dict) and all(k in PRECISIONS and check(x) for k, x in v.items())),
+            f"a table of precision = value, each precision one of {', '.join(map(repr, PRECISIONS))} and each "
+            f"value {what}")
+
+
 def _inductor():
     """torch._inductor.config keys and plain values (`compile` checks the names against torch itself)."""
     plain = (bool, int, float, str)
@@ -157,6 +165,7 @@ SCHEMA = {
         "box_path_linears": (*_choice("fp32", "bf16"), REQUIRED),
         "split": (*_distinct(("tiny", "sam3"), "profiles"), OPTIONAL),
         "optimizations": (*_distinct(OPTIMIZATIONS, "optimizations", empty=True), OPTIONAL),
+        "precision_optimizations": (*_per_precision(_distinct(OPTIMIZATIONS, "optimizations", empty=True)), OPTIONAL),
     }, REQUIRED),
     "compile": ({
         "inductor": (*_inductor(), REQUIRED),

@@ -16,6 +16,7 @@ from ..runtime.contract import FP8_CAPABILITY, FP8_NEEDS
 from ..runtime.files import write_text_atomic
 from .paths import DEFAULT_CONFIG, REPO_ROOT, portable, resolve_portable
 from .precision import PRECISIONS, Precision
+from .schema import OPTIMIZATIONS
 
 PROFILES = ("tiny", "sam3")
 DEVICES = ("cpu", "cuda")
@@ -90,6 +91,14 @@ class Settings:
     def split(self) -> bool:
         """Whether the package holds the model in parts too (`[export] split` names the profile)."""
         return self.profile in self.stage("export").get("split", [])
+
+    @property
+    def optimizations(self) -> tuple[str, ...]:
+        """What the export applies: `[export] optimizations` and what `precision_optimizations` adds at this
+        build's precision (one that pays in fp8 and costs in bf16), in the registry's order."""
+        export = self.stage("export")
+        named = {*export.get("optimizations", ()), *export.get("precision_optimizations", {}).get(self.precision, ())}
+        return tuple(name for name in OPTIMIZATIONS if name in named)
 
     @property
     def tuned(self) -> bool:
