@@ -4,6 +4,8 @@ random init in the build's precision recipe (a pipeline.toml of your own with --
 `[export] box_path_linears`); each section gets the inputs one whole call gives it. With --kernels N, the N
 kernels that take most of each section's GPU time (torch.profiler over the compiled section). One JSON line per
 section and shape as soon as it is measured (a run stopped early keeps what it measured), then a markdown table.
+torch.compile specializes a size of 1, so a batch of 1 is a graph for one image alone, where the package runs its
+one dynamic-batch program at every batch: its kernels at 1 x 1 may differ from these (the bench times the package).
 
 Usage: python scripts/checks/section_times.py --profile sam3 --precision bf16 --shapes 1x1,1x16 --out DIR
        [--sections "DETR encoder,DETR decoder,..."] (default: the per-pair sections first, the ViT last)
