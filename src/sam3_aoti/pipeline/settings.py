@@ -95,7 +95,7 @@ class Settings:
     @property
     def optimizations(self) -> tuple[str, ...]:
         """What the export applies: `[export] optimizations` and what `precision_optimizations` adds at this
-        build's precision (one that pays in fp8 and costs in bf16), in the registry's order."""
+        build's precision, in the registry's order."""
         export = self.stage("export")
         named = {*export.get("optimizations", ()), *export.get("precision_optimizations", {}).get(self.precision, ())}
         return tuple(name for name in OPTIMIZATIONS if name in named)

@@ -5,11 +5,11 @@ every token to every other, so the tokens' order matters only to the rotary embe
 positions in the same order. One partition after the ViT's first LayerNorm and one unpartition after its last layer;
 none in between. In a precision=fp8 build the partition split each windowed layer's first LayerNorm from its rows'
 quantization: two kernels, 0.36 ms at 16 images on an H100 where the unpartitioned ones take 0.21
-(benchmarks/h100-2026-12-06-vit-norm/). On one H100 the fp8 ViT section took 12.02 ms at one image with it and
-12.29 without, 173.8 and 181.7 at 16; in bf16 1.2 % less at 16 but 2 ms more in a compile for one image alone,
-so pipeline.toml adds it at precision=fp8 only until a bf16 package is timed at one image
-(benchmarks/h100-2026-12-06-window-order-both/). A grid the windows do
-not tile (transformers pads it, and the padding's tokens join each windowed attention) keeps transformers' order."""
+(benchmarks/h100-2026-12-06-vit-norm/). On one H100 the fp8 ViT section took 12.02 ms at one image with it and 12.29
+without, 173.8 and 181.7 at 16; in bf16 1.2 % less at 16 but 2 ms more in a compile for one image alone, so
+pipeline.toml adds it at precision=fp8 only until a bf16 package is timed at one image
+(benchmarks/h100-2026-12-06-window-order-both/). A grid the windows do not tile (transformers pads it, and the
+padding's tokens join each windowed attention) keeps transformers' order."""
 
 from __future__ import annotations
 
