@@ -66,6 +66,10 @@
 #          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on (WINDOW_ORDER_PARITY=0
 #          in the environment: the sections alone; WINDOW_ORDER_PRECISIONS="fp8 bf16": that order;
 #          WINDOW_ORDER_CONFIGS=window-order.toml: with it alone)
+#   windowpackage: after fresh (named with it): fresh's checkout copied, vit_window_order added to [export]
+#          optimizations (every precision), the bf16 package built again from export on (fresh's weights, toolchain
+#          and Inductor cache kept), then benched as fresh's is, before fresh's own bench: the package's own call with
+#          and without it, at fresh's shapes (BENCH_SHAPES), on one machine
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -385,6 +389,14 @@ window_order_run() {  # no build: the ViT section in bf16 and fp8 without and wi
         config=window-order.toml
 }
 
+window_package_run() {  # fresh's package again with vit_window_order in [export] optimizations, then its bench
+    [[ -f $WORK/fresh/artifacts/sam3-bf16-cuda/package/sam3.pt2 ]] ||
+        { echo "windowpackage: no fresh package here (name fresh with it)" >> "$RESULTS/status"; return 1; }
+    rm -rf "$WORK/windowpackage" && cp -a "$WORK/fresh" "$WORK/windowpackage"
+    (cd "$WORK/windowpackage" && sed -i 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' pipeline.toml &&
+        build windowpackage-build package $SAM3 precision=bf16 && build windowpackage-bench bench $SAM3 precision=bf16)
+}
+
 actor_cpus() {  # actor_cpus CHECKOUT: ACTOR_CPUS (when set) as that checkout's [throughput] actor_cpus
     [[ -n ${ACTOR_CPUS:-} ]] || return 0
     sed -i '/^actor_cpus = /d' "$1/pipeline.toml" && sed -i "/^\[throughput\]/a actor_cpus = $ACTOR_CPUS" "$1/pipeline.toml"
@@ -485,6 +497,7 @@ run_all() {
         [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" \
             "$WORK/fresh/pipeline.toml"
     fi
+    [[ $runs == *" windowpackage "* ]] && window_package_run
     [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
@@ -552,5 +565,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac
