@@ -66,10 +66,10 @@
 #          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on (WINDOW_ORDER_PARITY=0
 #          in the environment: the sections alone; WINDOW_ORDER_PRECISIONS="fp8 bf16": that order;
 #          WINDOW_ORDER_CONFIGS=window-order.toml: with it alone)
-#   windowpackage: after fresh (named with it): fresh's checkout copied, vit_window_order added to [export]
-#          optimizations (every precision), the bf16 package built again from export on (fresh's weights, toolchain
-#          and Inductor cache kept), then benched as fresh's is, before fresh's own bench: the package's own call with
-#          and without it, at fresh's shapes (BENCH_SHAPES), on one machine
+#   windowpackage: after fresh (named with it, or alone on a warm lease whose fresh run has ended): fresh's
+#          checkout copied, vit_window_order added to [export] optimizations (every precision), the bf16 package
+#          built again from export on (fresh's weights, toolchain and Inductor cache kept), then benched as fresh's
+#          is: the package's own call with and without it, at fresh's shapes (BENCH_SHAPES), on one machine
 #   again: no build, alone: this checkout's src/ and scripts/ copied over the package an earlier fresh or segment
 #          run of this machine built (a warm lease), then `doit -s throughput` and the actor's steps again
 #          (ACTOR_CPUS=N in the environment: the throughput's actor holds N CPUs, `[throughput] actor_cpus`)
@@ -397,6 +397,10 @@ window_package_run() {  # fresh's package again with vit_window_order in [export
         build windowpackage-build package $SAM3 precision=bf16 && build windowpackage-bench bench $SAM3 precision=bf16)
 }
 
+ray_logs() {  # ray_logs NAME: the last Ray session's Ray Data logs (its operators' progress, where the start-up went)
+    mkdir -p "$RESULTS/$1-ray" && cp -r /tmp/ray/session_latest/logs/ray-data "$RESULTS/$1-ray/" 2>/dev/null
+}
+
 actor_cpus() {  # actor_cpus CHECKOUT: ACTOR_CPUS (when set) as that checkout's [throughput] actor_cpus
     [[ -n ${ACTOR_CPUS:-} ]] || return 0
     sed -i '/^actor_cpus = /d' "$1/pipeline.toml" && sed -i "/^\[throughput\]/a actor_cpus = $ACTOR_CPUS" "$1/pipeline.toml"
@@ -409,6 +413,7 @@ again_run() {  # no build: this checkout's src/ and scripts/ over an earlier fre
     rm -rf "${dir:?}/src" "$dir/scripts" && cp -r src scripts "$dir/"
     actor_cpus "$dir"
     cd "$dir" && build segment-throughput -s throughput $SAM3 precision=bf16
+    ray_logs segment-throughput
     step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py "$package" --images 64 \
         --out "$RESULTS/segment-actor"
 }
@@ -447,6 +452,7 @@ run_all() {
     local runs=" $* " pids=()
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
+    [[ $runs == " windowpackage " ]] && { window_package_run; return 0; }  # alone: after a fresh run of this machine
     for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
@@ -503,6 +509,7 @@ run_all() {
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
         build segment-throughput throughput $SAM3 precision=bf16;
+        ray_logs segment-throughput
         step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
