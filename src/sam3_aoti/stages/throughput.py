@@ -86,20 +86,24 @@ def run(settings: Settings) -> None:
     output = Path(tempfile.mkdtemp(prefix="segment-", dir=paths.root / "throughput"))
     try:
         with GpuBusy() as busy:
+            # parts of segment's default size, committed as the run goes, as a user's run commits them (one part
+            # of every image was written after the last batch, inside the running span)
             summary = segment(str(folder), output, [opts["prompt"]], str(paths.package),
-                              batch_size=opts["batch_size"], actor_cpus=opts.get("actor_cpus"), part_images=images)
+                              batch_size=opts["batch_size"], actor_cpus=opts.get("actor_cpus"))
     finally:
         shutil.rmtree(output, ignore_errors=True)
     reference, column = bench_rate(paths)
     startup_samples = int(summary["first_result_s"] / 0.2)
     data = {
         "images": summary["segmented"], "failed": summary["failed"], "min_side": opts["min_side"],
-        "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")}, "large_width": opts["large_width"],
+        "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")},
+        "large_width": opts["large_width"],
         "files_written": opts["images"], "copies": copies,
         "prompt": opts["prompt"], "batch_size": opts["batch_size"], "actors": summary["actors"],
         "actor_cpus": summary["actor_cpus"],
         "seconds": summary["seconds"], "startup_seconds": summary["first_result_s"], "startup": summary["startup"],
-        "images_per_second": summary["images_per_second"], "steady_images_per_second": summary["steady_images_per_second"],
+        "images_per_second": summary["images_per_second"],
+        "steady_images_per_second": summary["steady_images_per_second"],
         "bench_16x1_images_per_second": reference, "bench_column": column,
         "share_of_bench": round(summary["steady_images_per_second"] / reference, 3) if reference else None,
         "gpu_busy_share": busy.share(startup_samples), "gpu_busy_samples": len(busy.samples),
@@ -134,7 +138,8 @@ def run(settings: Settings) -> None:
     report = Report(f"Throughput of segment ({settings.profile}, {settings.precision}, {settings.device})", notes,
                     None, [table], data=data)
     write_report(report, paths.throughput_json, paths.throughput_md)
-    record(paths.manifest, "throughput", [paths.throughput_json, paths.throughput_md], settings.fingerprint("throughput"))
+    record(paths.manifest, "throughput", [paths.throughput_json, paths.throughput_md],
+           settings.fingerprint("throughput"))
 
 
 if __name__ == "__main__":
