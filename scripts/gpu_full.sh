@@ -58,6 +58,8 @@
 #          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
 #          actor's steps run on fresh's package once the fresh box is timed (BENCH_SHAPES="[[16, 1]]" in the
 #          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          SEGMENT_LEAN=1: without segment's own build's verify and the actor's steps; THROUGHPUT_COPIES=N and
+#          BENCH_SHAPES set [throughput] copies and [bench] shapes of segment's own build.
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   kernels: no build: the fp8 run's GPU tests and measurements (fp8_kernels), last, alone on the GPU (after every
@@ -203,8 +205,12 @@ after() {  # after RUN PRECISION STAGE...: alone on the machine, each stage on t
 segment_run() {  # with fresh named too, no build of its own: it times fresh's package once that is built
     [[ $runs == *" fresh "* ]] && return 0
     cd "$WORK/segment" && configure columns '["aoti_graphs"]' sections '"off"' enabled false
+    [[ -n ${THROUGHPUT_COPIES:-} ]] && configure copies "$THROUGHPUT_COPIES"
+    [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" pipeline.toml
     toolkit_for segment $SAM3 precision=bf16
-    build segment-build weights export compile package verify $SAM3 precision=bf16
+    local stages=(weights export compile package verify)
+    [[ ${SEGMENT_LEAN:-0} == 1 ]] && stages=(weights export compile package)  # a lease short of device time
+    build segment-build "${stages[@]}" $SAM3 precision=bf16
 }
 
 tiny_run() {  # the default chain, as `uv run doit` runs it on a GPU machine (pinned toolkit, machine's hidden)
@@ -510,7 +516,7 @@ run_all() {
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
         build segment-throughput throughput $SAM3 precision=bf16;
         ray_logs segment-throughput
-        step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
+        [[ ${SEGMENT_LEAN:-0} == 1 ]] || step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
     [[ $runs == *" fc1 "* ]] && (cd "$WORK/fc1" && step fp8-fc1-fused scripts/gpu_run.sh --python \
