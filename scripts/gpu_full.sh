@@ -450,7 +450,7 @@ ceiling_build() {  # the tiny package on CUDA, for ceiling_throughput
 
 ceiling_throughput() {  # segment's own ceiling: its Ray pipeline over the throughput collection with a model that
     # leaves the GPU all but idle (the tiny package: about 0.1 ms an image), alone on the machine
-    (cd "$WORK/ceiling" && build ceiling-throughput throughput profile=tiny device=cuda &&
+    (cd "$WORK/ceiling" && build ceiling-throughput throughput profile=tiny device=cuda && ray_logs ceiling-throughput &&
         step ceiling-gpu-test scripts/gpu_run.sh --pytest -q tests/test_gpu.py -k overlapping)
 }
 
