@@ -508,6 +508,7 @@ run_all() {
         # BENCH_SHAPES (a TOML list, e.g. "[[16, 1]]": the shape segment is held to) for a run short of device time
         [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" \
             "$WORK/fresh/pipeline.toml"
+        [[ -n ${THROUGHPUT_COPIES:-} ]] && sed -i "s|^copies = .*|copies = $THROUGHPUT_COPIES|" "$WORK/fresh/pipeline.toml"
     fi
     [[ $runs == *" windowpackage "* ]] && window_package_run
     [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
