@@ -58,8 +58,8 @@
 #          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
 #          actor's steps run on fresh's package once the fresh box is timed (BENCH_SHAPES="[[16, 1]]" in the
 #          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
-#          SEGMENT_LEAN=1: without segment's own build's verify and the actor's steps; THROUGHPUT_COPIES=N and
-#          BENCH_SHAPES set [throughput] copies and [bench] shapes of segment's own build.
+#          SEGMENT_LEAN=1: without segment's own build's verify and the actor's steps; THROUGHPUT_COPIES=N:
+#          [throughput] copies (as BENCH_SHAPES, for fresh's package or segment's own).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
 #          the one-open-file check), the next start under both loaders (scripts/compare_load_times.py)
 #   kernels: no build: the fp8 run's GPU tests and measurements (fp8_kernels), last, alone on the GPU (after every
@@ -135,6 +135,12 @@ build() {  # build NAME ARGS...: doit with the toolkit toolkit_for chose (hidden
     step "$name" "${run[@]}"
 }
 
+short_lease() {  # this checkout's [bench] shapes and [throughput] copies as BENCH_SHAPES (a TOML list, e.g.
+    # "[[16, 1]]": the shape segment is held to) and THROUGHPUT_COPIES say, for a lease short of device time
+    [[ -z ${BENCH_SHAPES:-} ]] || sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" pipeline.toml
+    [[ -z ${THROUGHPUT_COPIES:-} ]] || configure copies "$THROUGHPUT_COPIES"
+}
+
 configure() {  # configure KEY VALUE...: set keys of this checkout's pipeline.toml (each key is there once)
     while (($# >= 2)); do sed -i "s|^$1 = .*|$1 = $2|" pipeline.toml; shift 2; done
 }
@@ -204,9 +210,7 @@ after() {  # after RUN PRECISION STAGE...: alone on the machine, each stage on t
 
 segment_run() {  # with fresh named too, no build of its own: it times fresh's package once that is built
     [[ $runs == *" fresh "* ]] && return 0
-    cd "$WORK/segment" && configure columns '["aoti_graphs"]' sections '"off"' enabled false
-    [[ -n ${THROUGHPUT_COPIES:-} ]] && configure copies "$THROUGHPUT_COPIES"
-    [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" pipeline.toml
+    cd "$WORK/segment" && configure columns '["aoti_graphs"]' sections '"off"' enabled false && short_lease
     toolkit_for segment $SAM3 precision=bf16
     local stages=(weights export compile package verify)
     [[ ${SEGMENT_LEAN:-0} == 1 ]] && stages=(weights export compile package)  # a lease short of device time
@@ -504,11 +508,7 @@ run_all() {
         build fp8-parity parity $SAM3 precision=fp8)  # against Meta under bf16 autocast, [parity.tolerances.fp8]
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
-        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"')
-        # BENCH_SHAPES (a TOML list, e.g. "[[16, 1]]": the shape segment is held to) for a run short of device time
-        [[ -n ${BENCH_SHAPES:-} ]] && sed -i "/^\[bench\]/,/^\[/ s|^shapes = .*|shapes = $BENCH_SHAPES|" \
-            "$WORK/fresh/pipeline.toml"
-        [[ -n ${THROUGHPUT_COPIES:-} ]] && sed -i "s|^copies = .*|copies = $THROUGHPUT_COPIES|" "$WORK/fresh/pipeline.toml"
+        segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' && short_lease)
     fi
     [[ $runs == *" windowpackage "* ]] && window_package_run
     [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
