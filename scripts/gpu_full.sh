@@ -380,12 +380,16 @@ fp8_kernels() {  # the fp8 GPU tests, one ViT MLP timed every way (experiments/v
     done
 }
 
+window_order_on() {  # window_order_on [-i] FILE: vit_window_order named in [export] optimizations, after vit_fused_qkv
+    sed "${@:1:$#-1}" 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' "${@: -1}"
+}
+
 window_order_run() {  # no build: the ViT section in bf16 and fp8 without and with vit_window_order; eager parity with it
     local precision config
     # off: named nowhere (neither in optimizations nor in precision_optimizations); on: in optimizations too
     sed -e 's/"vit_window_order", //g' -e 's/, "vit_window_order"//g' -e 's/"vit_window_order"//g' pipeline.toml \
         > window-order-off.toml
-    sed 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' window-order-off.toml > window-order.toml
+    window_order_on window-order-off.toml > window-order.toml
     for precision in ${WINDOW_ORDER_PRECISIONS:-bf16 fp8}; do
         for config in ${WINDOW_ORDER_CONFIGS:-window-order-off.toml window-order.toml}; do
             step "vit-section-$precision-${config%.toml}" scripts/gpu_run.sh --python scripts/checks/section_times.py \
@@ -403,7 +407,7 @@ window_package_run() {  # fresh's package again with vit_window_order in [export
     [[ -f $WORK/fresh/artifacts/sam3-bf16-cuda/package/sam3.pt2 ]] ||
         { echo "windowpackage: no fresh package here (name fresh with it)" >> "$RESULTS/status"; return 1; }
     rm -rf "$WORK/windowpackage" && cp -a "$WORK/fresh" "$WORK/windowpackage"
-    (cd "$WORK/windowpackage" && sed -i 's/"vit_fused_qkv", /"vit_fused_qkv", "vit_window_order", /' pipeline.toml &&
+    (cd "$WORK/windowpackage" && window_order_on -i pipeline.toml &&
         build windowpackage-build package $SAM3 precision=bf16 && build windowpackage-bench bench $SAM3 precision=bf16)
 }
 
