@@ -15,7 +15,7 @@
 #          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8, each with and without
 #          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
-#          model, then bench of the AOTI columns and parity with Meta (FP8_KERNELS=0 in the environment: the build,
+#          model, then bench (Meta's column and the AOTI ones) and parity with Meta (FP8_KERNELS=0 in the environment: the build,
 #          bench and parity alone)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
@@ -68,6 +68,8 @@
 #          vit_window_order, then eager parity with Meta's SAM3 under bf16 autocast with it on (WINDOW_ORDER_PARITY=0
 #          in the environment: the sections alone; WINDOW_ORDER_PRECISIONS="fp8 bf16": that order;
 #          WINDOW_ORDER_CONFIGS=window-order.toml: with it alone)
+#   freshbench: after fresh (named with it): fresh's package benched at every shape (BENCH_SHAPES picks others),
+#          Meta's column and the AOTI + CUDA graphs one, no sections: the bf16 figures beside fp8's
 #   windowpackage: after fresh (named with it, or alone on a warm lease whose fresh run has ended): fresh's
 #          checkout copied, vit_window_order added to [export] optimizations (every precision), the bf16 package
 #          built again from export on (fresh's weights, toolchain and Inductor cache kept), then benched as fresh's
@@ -187,8 +189,9 @@ loader_run() {
     build loader-build weights export compile package verify $SAM3 precision=bf16
 }
 
-fp8_run() {
-    cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false "${AOTI_ONLY[@]}"
+fp8_run() {  # its bench has Meta's column beside the AOTI ones: #50's goals are claimed for this build
+    cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false columns '["meta", "aoti", "aoti_graphs"]' \
+        load_times false
     toolkit_for fp8 $SAM3 precision=fp8
     build fp8-build weights export compile package verify $SAM3 precision=fp8
 }
@@ -515,6 +518,8 @@ run_all() {
         segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' && short_lease)
     fi
     [[ $runs == *" windowpackage "* ]] && window_package_run
+    [[ $runs == *" freshbench "* ]] && (cd "$WORK/fresh" && configure columns '["meta", "aoti_graphs"]' sections '"off"' \
+        load_times false && short_lease && build fresh-bench bench $SAM3 precision=bf16)
     [[ $runs == *" segment "* ]] && (cd "$WORK/$segment" && build segment-bench bench $SAM3 precision=bf16 &&
         { [[ ! -d .runtime-before ]] || step segment-load-compare scripts/gpu_run.sh --python \
             scripts/compare_load_times.py artifacts/sam3-bf16-cuda/package/sam3.pt2 .runtime-before . \
@@ -583,5 +588,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [freshbench] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac
