@@ -4,6 +4,9 @@
 #   sdpa:  first and alone on the GPU: experiments/sdpa_backends.py (every SDPA kernel on SAM3's attention shapes)
 #   attention: alone on the GPU, after sdpa: experiments/attention_kernel.py (the op sam3_aoti::attention against
 #          SDPA, every block config) and the GPU tests of the project's Triton ops
+#   qkvrope: first and alone on the GPU, no build: the GPU test of the op sam3_aoti::fp8_linear_rope and
+#          experiments/fp8_qkv_rope.py (vit_qkv_rope's fused q, k, v + rotary GEMM against cuBLAS's GEMM and
+#          Inductor's rotation)
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
@@ -470,7 +473,7 @@ run_all() {
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
     [[ $runs == " windowpackage " ]] && { window_package_run; return 0; }  # alone: after a fresh run of this machine
-    for name in sdpa attention bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention qkvrope bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -479,6 +482,9 @@ run_all() {
     [[ $runs == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
+    [[ $runs == *" qkvrope "* ]] && (cd "$WORK/qkvrope" && step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q \
+        tests/test_gpu.py -k qkv_rope; step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py \
+        --out "$RESULTS/fp8-qkv-rope")
     [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
@@ -588,5 +594,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [freshbench] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [qkvrope] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [freshbench] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac

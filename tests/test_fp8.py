@@ -104,6 +104,64 @@ def test_an_fp8_wrapper_with_fused_vit_projections_computes_the_unfused_one():
         assert (g.float() - w.float()).norm() <= 1e-2 * w.float().norm() + 1e-6
 
 
+def test_the_qkv_rope_op_is_the_product_then_transformers_rotation():
+    """`sam3_aoti::fp8_linear_rope`'s torch form (the kernel's arithmetic, which tests/test_kernels.py holds the kernel
+    to): the fp8 product with its scales and bias, then q's and k's heads rotated as `apply_rotary_pos_emb_2d`
+    rotates them with each angle once per pair of channels, row r at position r % L; v as it came."""
+    from transformers.models.sam3.modeling_sam3 import apply_rotary_pos_emb_2d
+
+    from sam3_aoti.runtime.fp8_linear import rope_reference
+
+    positions, dim, heads, images, k = 6, 8, 2, 2, 32
+    rows, row_scales = quantize_rows(torch.randn(images * positions, k))
+    weight, weight_scales = quantize_rows(torch.randn(3 * heads * dim, k))
+    bias = torch.randn(3 * heads * dim).bfloat16()
+    angles = torch.randn(positions, dim // 2)
+    got = rope_reference(rows, row_scales, weight, weight_scales.t(), bias, angles.cos(), angles.sin(), 2 * heads * dim)
+    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales.t() + bias.float()
+    q, key, v = (t.transpose(1, 2) for t in product.view(images, positions, 3, heads, dim).unbind(2))
+    q, key = apply_rotary_pos_emb_2d(q, key, *(t.repeat_interleave(2, -1) for t in (angles.cos(), angles.sin())))
+    want = torch.cat([t.transpose(1, 2).reshape(images * positions, -1) for t in (q, key, v)], 1).bfloat16()
+    assert torch.equal(got, want)
+
+
+def _rotated_after_rounding(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated):
+    """The op's result as the unfused graph rounds it: the product to bf16, then rotated (in fp32) and rounded again."""
+    product = ((rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()).bfloat16()
+    positions, half = cos.shape
+    pairs = product.float()[:, :rotated].unflatten(0, (-1, positions)).unflatten(-1, (-1, half, 2))
+    even, odd = pairs.unbind(-1)
+    cos, sin = cos.float()[:, None], sin.float()[:, None]
+    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-3).flatten(0, 1)
+    return torch.cat((turned.bfloat16(), product[:, rotated:]), 1)
+
+
+@pytest.mark.parametrize("order", [(), ("vit_window_order",)], ids=["raster", "window-order"])
+def test_an_fp8_wrapper_rotating_q_and_k_in_the_qkv_gemm_computes_the_unfused_one(order, monkeypatch):
+    """`vit_qkv_rope`: every ViT layer's q, k, v projection is one call of the op `sam3_aoti::fp8_linear_rope` with the
+    layer's halved tables in its tokens' order. Rounded as the unfused graph rounds (the product to bf16 before the
+    rotation; the op rotates the fp32 product and rounds once) its outputs are the unfused wrapper's bit for bit; with
+    q and k left unrotated they are not. (The one rounding apart moves the tiny random model's outputs by 1-5 %: its
+    fp8 quantizations of the attention output and the MLP input turn a bf16 step into an e4m3 one.)"""
+    import sam3_aoti.runtime.fp8_linear as fp8_linear
+
+    model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
+    base = ("vit_rope_tables", "vit_fused_qkv", *order)
+    apart = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS, optimizations=base).eval()
+    fused = Sam3Grounding(copy.deepcopy(model), torch.bfloat16, fp8_parts=FP8_PARTS,
+                          optimizations=(*base, "vit_qkv_rope")).eval()
+    calls = []
+    monkeypatch.setattr(fp8_linear, "rope_reference", lambda *a: calls.append(a) or _rotated_after_rounding(*a))
+    args = example_inputs(model.config, 2, 3)
+    with torch.no_grad():
+        got, want = fused(*args), apart(*args)
+        monkeypatch.setattr(fp8_linear, "rope_reference", lambda *a: _rotated_after_rounding(*a[:-1], 0))
+        unrotated = fused(*args)
+    assert len(calls) == model.config.vision_config.backbone_config.num_hidden_layers
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert not torch.equal(unrotated[0], want[0])
+
+
 def test_an_fp8_wrapper_quantizes_the_vit_linears_only_and_stays_near_bf16():
     model = random_model(tiny_config(), 0, matrix_gain=1.0, bias_noise=0.1)
     bf16 = Sam3Grounding(copy.deepcopy(model), torch.bfloat16).eval()

@@ -194,6 +194,37 @@ def test_the_fp8_fc1_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
 
 
 @pytest.mark.gpu
+def test_the_fp8_qkv_rope_kernel_on_cuda_is_its_torch_form_eager_and_compiled():
+    """`sam3_aoti::fp8_linear_rope` on the GPU, as `vit_qkv_rope` runs a ViT layer's q, k, v projection: the op (eager
+    and under torch.compile, which compiles the Triton kernel as AOTInductor does) at SAM3's widths (1024 -> 3072, q
+    and k rotated, 16 heads of 64) for a windowed layer's positions (576) and a global one's (5184), against its
+    torch form."""
+    import torch
+
+    from sam3_aoti.model.fp8 import check_fp8_device, quantize_rows
+    from sam3_aoti.runtime import fp8_linear
+
+    if check_fp8_device(torch.device("cuda")):
+        pytest.skip(check_fp8_device(torch.device("cuda")))
+    torch.manual_seed(0)
+    weight, weight_scales = quantize_rows(torch.randn(3072, 1024, device="cuda") * 0.03)
+    weight_scales = weight_scales.t().contiguous()
+    bias = (torch.randn(3072, device="cuda") * 0.5).to(torch.bfloat16)
+    op = torch.ops.sam3_aoti.fp8_linear_rope
+    for positions, count in ((576, 576 * 9 * 3), (5184, 5184 * 2)):
+        angles = torch.rand(positions, 32, device="cuda") * 60
+        tables = (angles.cos(), angles.sin(), 2048)
+        rows, row_scales = quantize_rows(torch.randn(count, 1024, device="cuda", dtype=torch.bfloat16))
+        assert fp8_linear.takes_rope(rows, weight, tables[0], 2048)
+        want = fp8_linear.rope_reference(rows, row_scales, weight, weight_scales, bias, *tables).float()
+        for got in (op(rows, row_scales, weight, weight_scales, bias, *tables),
+                    torch.compile(op, fullgraph=True)(rows, row_scales, weight, weight_scales, bias, *tables)):
+            assert got.dtype == torch.bfloat16 and got.shape == (count, 3072)
+            assert float((got.float() - want).abs().max()) <= 1e-2 * float(want.abs().max())
+            assert float((got.float() - want).norm() / want.norm()) < 4e-3  # bf16's rounding, not more
+
+
+@pytest.mark.gpu
 def test_a_graphed_function_on_cuda_gives_its_own_results_on_first_calls_and_replays():
     """`CudaGraphRunner` on the GPU, no package needed: a shape's first call (its warm-up's outputs, made on a side
     stream) and later calls (replays with new inputs) each equal the function run plainly, and no result is

@@ -26,7 +26,7 @@ def interpreted() -> dict[str, str]:
 
     pytest.importorskip("triton")
     checks = {"box_bias": TRITON_KERNEL_CHECK, "attention": ATTENTION_KERNEL_CHECK,
-              "fp8_linear": FP8_LINEAR_KERNEL_CHECK}
+              "fp8_linear": FP8_LINEAR_KERNEL_CHECK, "fp8_linear_rope": FP8_ROPE_KERNEL_CHECK}
     proc = subprocess.run([sys.executable, "-c", RUN_CHECKS], input=json.dumps(checks), capture_output=True,
                           text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
     found = {k: v for line in proc.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
@@ -110,3 +110,36 @@ def test_the_fp8_fc1_kernel_is_its_torch_form_in_tritons_interpreter(interpreted
     it, a depth that is not a multiple of the tile's, and rows decades apart. The interpreter's tanh is computed
     through exp where CUDA's kernel takes the SFU's (tests/test_gpu.py checks that on CUDA)."""
     assert interpreted["fp8_linear"] == "ok", interpreted["fp8_linear"]
+
+
+FP8_ROPE_KERNEL_CHECK = """
+import torch
+from sam3_aoti.model.fp8 import quantize_rows
+from sam3_aoti.runtime.fp8_linear import launch_linear_rope, rope_reference
+torch.manual_seed(0)
+small = {"block_m": 32, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
+# (positions, head dim, heads, images, depth, launch); 3 x heads x head dim outputs, q's and k's rotated
+for positions, dim, heads, images, k, launch in [(48, 64, 4, 2, 256, {}), (20, 16, 4, 3, 96, small),
+                                                  (36, 32, 2, 1, 64, small)]:
+    m, n, rotated = positions * images, 3 * heads * dim, 2 * heads * dim
+    rows, row_scales = quantize_rows(torch.randn(m, k) * torch.logspace(-2, 1, m)[:, None])
+    weight, weight_scales = quantize_rows(torch.randn(n, k) * 0.05)
+    weight_scales = weight_scales.t().contiguous()
+    bias = (torch.randn(n) * 0.1).bfloat16()
+    angles = torch.rand(positions, dim // 2) * 40
+    got = launch_linear_rope(rows, row_scales, weight, weight_scales, bias, angles.cos(), angles.sin(), rotated,
+                             **launch)
+    want = rope_reference(rows, row_scales, weight, weight_scales, bias, angles.cos(), angles.sin(), rotated)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=8e-3, atol=1e-5)  # bf16: one rounding step apart at most
+"""
+
+
+@pytest.mark.slow  # Triton's interpreter, in the process the checks share
+@pytest.mark.xdist_group("triton-interpreter")
+def test_the_fp8_qkv_rope_kernel_is_its_torch_form_in_tritons_interpreter(interpreted):
+    """The Triton kernel of the op `sam3_aoti::fp8_linear_rope` (the ViT's q, k, v projection in fp8 with q's and k's
+    heads rotated in the epilogue), run by Triton's CPU interpreter, gives its torch form: with the ViT's launch
+    (256-wide tiles, q and k two of them each) and a smaller one whose row tiles straddle the positions' period
+    (row r at position r % L), heads of 16, 32 and 64 channels."""
+    assert interpreted["fp8_linear_rope"] == "ok", interpreted["fp8_linear_rope"]

@@ -47,3 +47,9 @@ def fp8_linear_gelu(rows, row_scales, weight, weight_scales, bias):
     if _torch_forms:
         return _fp8_linear.reference(rows, row_scales, weight, weight_scales, bias)
     return torch.ops.sam3_aoti.fp8_linear_gelu(rows, row_scales, weight, weight_scales, bias)
+
+
+def fp8_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated: int):
+    if _torch_forms:
+        return _fp8_linear.rope_reference(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated)
+    return torch.ops.sam3_aoti.fp8_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated)

@@ -126,7 +126,8 @@ REQUIRED, OPTIONAL = True, False
 # holds the two equal): each computes what transformers does, faster (vit_gelu_epilogue: with cuBLASLt's tanh GELU
 # in a 16-bit CUDA build)
 OPTIMIZATIONS = ("box_bias_kernel", "relu_epilogue", "attention_kernel", "vit_attention_kernel", "vit_gelu_epilogue",
-                 "vit_rope_tables", "vit_patch_linear", "vit_fused_qkv", "vit_window_order", "grid_bias_attention",
+                 "vit_rope_tables", "vit_patch_linear", "vit_fused_qkv", "vit_window_order", "vit_qkv_rope",
+                 "grid_bias_attention",
                  "decoder_shared_projections", "pixel_decoder_per_image", "text_fused_qkv", "group_norm_by_channel")
 PER_OUTPUT = {"max_abs": (*TOLERANCE, OPTIONAL), "max_rel": (*TOLERANCE, OPTIONAL)}
 VERIFY_TOLERANCES = {

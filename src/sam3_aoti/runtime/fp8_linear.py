@@ -14,7 +14,12 @@ fc2 stays a bf16 GEMM: its fp8 form on 1 x 128 groups (`F.scaled_mm`, blockwise)
 executor, which fails in torch 2.11, and the project's Triton form of it was slower than cuBLAS's bf16 GEMM
 (benchmarks/h100-2026-12-06-fp8-fc1/vit-mlp-fp8.md: one MLP at 16 images 2.43 ms this way, 2.65 in bf16).
 
-Like `runtime.attention` it is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package) that
+The ViT attention's q, k, v projection (`sam3_aoti::fp8_linear_rope`, the optimization `vit_qkv_rope`) is the same
+GEMM with the rotary embedding of q and k in its epilogue: each token's angles read from the tables `vit_rope_tables`
+keeps, where the unfused graph wrote q and k in bf16 and read them again to rotate them (9.5 ms a call of 16 images
+over the 28 windowed layers, benchmarks/h100-2026-12-06-window-order/).
+
+Like `runtime.attention` each is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package) that
 whatever deserializes an exported program imports first. Off CUDA, or for a shape the kernel does not take, it is
 `reference`.
 """
@@ -46,6 +51,21 @@ def reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor
     return F.gelu(product, approximate="tanh").to(torch.bfloat16)
 
 
+def rope_reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
+                   bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> torch.Tensor:
+    """`rows @ weight.T * scales + bias` (`reference`'s operands, bf16 out) with its first `rotated` columns (q's and
+    k's heads) rotated pairwise as transformers' `apply_rotary_pos_emb_2d` rotates them: `cos`, `sin` `[L, D / 2]`
+    hold each of L positions' angle per pair of a D-wide head, and row r is position r % L (the tokens of each
+    window, or image, in the tables' order). In fp32 until the end, as the kernel."""
+    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
+    positions, half = cos.shape
+    turned = product[:, :rotated].unflatten(0, (-1, positions)).unflatten(-1, (-1, half, 2))
+    even, odd = turned.unbind(-1)
+    cos, sin = cos.float()[:, None], sin.float()[:, None]  # [L, 1, D / 2]: one angle per pair, every head
+    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-3).flatten(0, 1)
+    return torch.cat((turned, product[:, rotated:]), 1).to(torch.bfloat16)
+
+
 if triton is not None:
     @triton.jit
     def _tanh(x, APPROX: tl.constexpr):
@@ -70,9 +90,9 @@ if triton is not None:
         return first_m + (pid % per_band) % band_m, (pid % per_band) // band_m
 
     @triton.jit
-    def _linear_gelu_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, m, n: tl.constexpr,
-                            k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, APPROX_TANH: tl.constexpr):
+    def scaled_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, m, n: tl.constexpr, k: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        """This program's tile of `rows @ weight.T * scales + bias` in fp32, with its row and column indices."""
         block_m, block_n = tile_of(tl.program_id(0), m, n, BLOCK_M, BLOCK_N, GROUP_M)
         rows = (block_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N passes 2^31 at 64 images
         cols = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -88,9 +108,33 @@ if triton is not None:
         a_scale = tl.load(a_scale_ptr + rows, mask=rows < m, other=0.0)
         w_scale = tl.load(w_scale_ptr + cols, mask=cols < n, other=0.0)
         bias = tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
-        h = acc * a_scale[:, None] * w_scale[None, :] + bias[None, :]
+        return acc * a_scale[:, None] * w_scale[None, :] + bias[None, :], rows, cols, block_n
+
+    @triton.jit
+    def _linear_gelu_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, m, n: tl.constexpr,
+                            k: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, APPROX_TANH: tl.constexpr):
+        h, rows, cols, _ = scaled_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, m, n, k, BLOCK_M, BLOCK_N,
+                                       BLOCK_K, GROUP_M)
         g = gelu_tanh(h, APPROX_TANH)
         tl.store(out_ptr + rows[:, None] * n + cols[None, :], g.to(out_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+    @triton.jit
+    def _linear_rope_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, cos_ptr, sin_ptr, out_ptr, m,
+                            positions, rotated, n: tl.constexpr, k: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr):
+        h, rows, cols, block_n = scaled_tile(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, m, n, k, BLOCK_M,
+                                             BLOCK_N, BLOCK_K, GROUP_M)
+        if block_n * BLOCK_N < rotated:  # q's and k's columns (the tile lies wholly on one side: launch_linear_rope)
+            even, odd = tl.split(tl.reshape(h, (BLOCK_M, BLOCK_N // 2, 2)))  # each head's (2i, 2i + 1) pairs
+            pair = (block_n * BLOCK_N // 2 + tl.arange(0, BLOCK_N // 2)) % HALF  # the pair's place in its head
+            at = (rows % positions)[:, None] * HALF + pair[None, :]  # the token's position, the pair's angle
+            cos = tl.load(cos_ptr + at, mask=rows[:, None] < m, other=0.0)
+            sin = tl.load(sin_ptr + at, mask=rows[:, None] < m, other=0.0)
+            h = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_M, BLOCK_N))
+        tl.store(out_ptr + rows[:, None] * n + cols[None, :], h.to(out_ptr.dtype.element_ty),
                  mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
@@ -119,6 +163,31 @@ def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambd
     return out
 
 
+def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rotated: int,
+               block_n: int = LAUNCH["block_n"]) -> bool:
+    """Whether the rope kernel runs this product: what `takes` asks, whole positions' rows, and tiles that lie wholly
+    among the rotated columns or wholly past them, each holding whole heads."""
+    positions, half = cos.shape
+    return (takes(rows, weight) and rows.shape[0] % positions == 0 and rotated % block_n == 0
+            and block_n % (2 * half) == 0 and cos.is_contiguous())
+
+
+def launch_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated: int,
+                       wrap=lambda kernel: kernel, **launch) -> torch.Tensor:
+    """The rope kernel on `rope_reference`'s arguments (`wrap` as `launch_linear_gelu`'s)."""
+    launch = {**LAUNCH, **launch}
+    m, k = rows.shape
+    n = weight.shape[0]
+    block_k = next(depth for depth in (launch["block_k"], 64, 32, 16) if k % depth == 0)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=rows.device)
+    grid = (triton.cdiv(m, launch["block_m"]) * triton.cdiv(n, launch["block_n"]),)
+    wrap(_linear_rope_kernel)[grid](rows, row_scales, weight, weight_scales, bias, cos, sin, out, m, cos.shape[0],
+                                    rotated, n, k, HALF=cos.shape[1], BLOCK_M=launch["block_m"],
+                                    BLOCK_N=launch["block_n"], BLOCK_K=block_k, GROUP_M=8,
+                                    num_warps=launch["num_warps"], num_stages=launch["num_stages"])
+    return out
+
+
 @torch.library.triton_op("sam3_aoti::fp8_linear_gelu", mutates_args=())
 def fp8_linear_gelu(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
                     bias: torch.Tensor) -> torch.Tensor:
@@ -131,4 +200,18 @@ def fp8_linear_gelu(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.
 @register_flop_formula(torch.ops.sam3_aoti.fp8_linear_gelu)
 def linear_gelu_flops(rows_shape, row_scales_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
     """The product's count (bench's FLOPs per part): the FlopCounterMode sees the op, not the kernel inside it."""
+    return 2 * rows_shape[0] * rows_shape[1] * weight_shape[0]
+
+
+@torch.library.triton_op("sam3_aoti::fp8_linear_rope", mutates_args=())
+def fp8_linear_rope(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
+                    bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> torch.Tensor:
+    if not takes_rope(rows, weight, cos, rotated):
+        return rope_reference(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated)
+    return launch_linear_rope(rows, row_scales.contiguous(), weight, weight_scales.contiguous(), bias, cos.float(),
+                              sin.float(), rotated, wrap=torch.library.wrap_triton)
+
+
+@register_flop_formula(torch.ops.sam3_aoti.fp8_linear_rope)
+def linear_rope_flops(rows_shape, row_scales_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * rows_shape[0] * rows_shape[1] * weight_shape[0]

@@ -14,7 +14,7 @@ from .registry import REGISTRY, Optimization, optimize, part_submodules, registe
 # The order they are applied in (the registry's), each after those its `after` names.
 from . import box_bias_kernel, relu_epilogue, attention_kernel, vit_attention_kernel  # noqa: E402,F401  isort: skip
 from . import vit_gelu_epilogue, vit_rope_tables, vit_patch_linear, vit_fused_qkv  # noqa: E402,F401  isort: skip
-from . import vit_window_order  # noqa: E402,F401  isort: skip
+from . import vit_window_order, vit_qkv_rope  # noqa: E402,F401  isort: skip
 from . import grid_bias_attention  # noqa: E402,F401  isort: skip
 from . import decoder_shared_projections, pixel_decoder_per_image, text_fused_qkv  # noqa: E402,F401  isort: skip
 from . import group_norm_by_channel  # noqa: E402,F401  isort: skip
