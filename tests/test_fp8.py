@@ -289,11 +289,30 @@ def test_the_committed_fp8_verify_reports_pass_todays_gates(path):
         assert worst_mask < tol["mask_band"], worst_mask
 
 
+class RopeProjection(nn.Module):
+    """A ViT attention's q, k, v projection as `vit_qkv_rope` runs it in fp8: the rows quantized, then the op
+    `sam3_aoti::fp8_linear_rope` (q and k rotated over `positions` positions, random angles)."""
+
+    def __init__(self, linear: nn.Linear, positions: int):
+        super().__init__()
+        self.linear = Fp8Linear(linear)
+        angles = torch.rand(positions, 32) * 60
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    def forward(self, x):
+        from sam3_aoti.model import ops
+
+        rows, scales = quantize_rows(x)
+        return ops.fp8_linear_rope(rows, scales, self.linear.weight, self.linear.weight_scale, self.linear.bias,
+                                   self.cos, self.sin, 2048)
+
+
 @pytest.mark.gpu
 def test_a_rowwise_linear_and_the_fused_mlp_export_and_aot_compile_with_a_dynamic_token_count(tmp_path, monkeypatch):
-    """A rowwise fp8 linear (`torch._scaled_mm`) and the MLP (`Fp8Mlp`: fc1 as the op `sam3_aoti::fp8_linear_gelu`, a
-    Triton kernel AOTInductor compiles into the package, then fc2 in bf16) through torch.export and AOTInductor, as
-    a precision=fp8 build takes the ViT's: each compiled package equals its module at two token counts. The C++
+    """A rowwise fp8 linear (`torch._scaled_mm`), the MLP (`Fp8Mlp`: fc1 as the op `sam3_aoti::fp8_linear_gelu`, a
+    Triton kernel AOTInductor compiles into the package, then fc2 in bf16) and `vit_qkv_rope`'s projection (the op
+    `sam3_aoti::fp8_linear_rope`) through torch.export and AOTInductor, as a precision=fp8 build takes the ViT's: each compiled package equals its module at two token counts. The C++
     compiler as the toolchain stage picks it (the H200's default g++ links libstdc++ statically, and its AOTI
     wrappers crash on load: seen for this test too). Not here: fc2 on 1 x 128 groups (`F.scaled_mm`), which
     AOTInductor's proxy executor fails to run in torch 2.11 (benchmarks/h100-2026-12-06-fp8-fc1/)."""
@@ -314,10 +333,13 @@ def test_a_rowwise_linear_and_the_fused_mlp_export_and_aot_compile_with_a_dynami
     torch.manual_seed(0)
     mlp = Sam3MLP(Sam3Config().vision_config.backbone_config).to(torch.bfloat16)  # SAM3's: 1024 -> 4736 -> 1024
     tokens = torch.export.Dim("tokens", min=16)
-    for name, fp8, op in (("linear", Fp8Linear(nn.Linear(1024, 3072)).cuda(), "scaled_mm"),
-                          ("mlp", Fp8Mlp(mlp).cuda(), "sam3_aoti.fp8_linear_gelu")):
+    images = torch.export.Dim("images", min=1)  # the rotary op's rows: whole windows of 576 positions
+    for name, fp8, op, rows in (("linear", Fp8Linear(nn.Linear(1024, 3072)).cuda(), "scaled_mm", 16 * tokens),
+                                ("mlp", Fp8Mlp(mlp).cuda(), "sam3_aoti.fp8_linear_gelu", 16 * tokens),
+                                ("qkv_rope", RopeProjection(nn.Linear(1024, 3072), 576).cuda(),
+                                 "sam3_aoti.fp8_linear_rope", 5184 * images)):
         example = torch.randn(2 * 5184, 1024, device="cuda", dtype=torch.bfloat16)
-        program = torch.export.export(fp8, (example,), dynamic_shapes=({0: 16 * tokens},))
+        program = torch.export.export(fp8, (example,), dynamic_shapes=({0: rows},))
         assert any(op in str(node.target) for node in program.graph.nodes), name
         package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / f"{name}.pt2"))
         compiled = torch._inductor.aoti_load_package(package)
