@@ -5,9 +5,8 @@
 #   attention: alone on the GPU, after sdpa: experiments/attention_kernel.py (the op sam3_aoti::attention against
 #          SDPA, every block config) and the GPU tests of the project's Triton ops
 #   qkvrope: first and alone on the GPU, no build: the GPU tests of the op sam3_aoti::fp8_linear_rope (and the
-#          fp8 ops' AOT compile) and
-#          experiments/fp8_qkv_rope.py (vit_qkv_rope's fused q, k, v + rotary GEMM against cuBLAS's GEMM and
-#          Inductor's rotation)
+#          fp8 ops' AOT compile), experiments/fp8_qkv_rope.py (vit_qkv_rope's fused q, k, v + rotary GEMM against
+#          cuBLAS's GEMM and Inductor's rotation) and experiments/fp8_qkv_rope_launches.py (its kernel's launch shapes)
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
@@ -485,7 +484,8 @@ run_all() {
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
     [[ $runs == *" qkvrope "* ]] && (cd "$WORK/qkvrope" && step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q \
         tests/test_gpu.py tests/test_fp8.py -k "qkv_rope or aot_compile"; step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py \
-        --out "$RESULTS/fp8-qkv-rope")
+        --out "$RESULTS/fp8-qkv-rope"; step fp8-qkv-rope-launches scripts/gpu_run.sh --python \
+        experiments/fp8_qkv_rope_launches.py)
     [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }

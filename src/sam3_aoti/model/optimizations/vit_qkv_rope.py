@@ -1,13 +1,15 @@
 """`vit_qkv_rope`: in a precision=fp8 build, each ViT attention's q, k and v projection and the rotary embedding of
 q and k as one Triton GEMM (`sam3_aoti::fp8_linear_rope`, runtime/fp8_linear.py): q and k are rotated in the
-GEMM's epilogue before they are written, where the unfused graph wrote them in bf16 and read them back for a kernel
-that rotated them (9.5 ms a call of 16 images over the 28 windowed layers, about 5 % of the fp8 ViT, on an H100:
-benchmarks/h100-2026-12-06-window-order/). The tables hold one angle per pair of a head's channels (transformers'
-`repeat_interleave(2)` halved), in the tokens' order (`vit_window_order`'s, when on).
+GEMM's epilogue before they are written, where the unfused graph wrote them in bf16 and read them back for a
+kernel that rotated them. On an H100 at 16 images a windowed layer's projection and rotation went from 0.83 to
+0.71 ms and a global one's from 1.16 to 0.78 (`experiments/fp8_qkv_rope.py`); the fp8 package with it and
+`vit_window_order` took 197.75 ms at 16 x 1 and 15.58 at 1 x 1, where it took 206.28 and 16.41 with neither on
+another H100 (benchmarks/h100-2026-12-06-fp8-qkv-rope/). The tables hold one angle per pair of a head's channels
+(transformers' `repeat_interleave(2)` halved), in the tokens' order (`vit_window_order`'s, when on).
 
-In a bf16 or fp32 build there is no GEMM of the project's to fuse into (cuBLAS computes the projection): the
-layers compute what `vit_fused_qkv` computes, with the rotation written over the halved tables. It implies
-`vit_fused_qkv`'s stacked projection."""
+In a bf16 or fp32 build there is no GEMM of the project's to fuse into (cuBLAS computes the projection): the layers
+compute what `vit_fused_qkv` computes, with the rotation written over the halved tables, so pipeline.toml adds it at
+precision=fp8 only. It implies `vit_fused_qkv`'s stacked projection."""
 
 from __future__ import annotations
 
