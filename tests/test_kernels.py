@@ -120,8 +120,8 @@ torch.manual_seed(0)
 small = {"block_m": 32, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
 # (positions, head dim, heads, images, depth, launch); 3 x heads x head dim outputs, q's and k's rotated
 for positions, dim, heads, images, k, launch in [(48, 64, 4, 2, 256, {}), (20, 16, 4, 3, 96, small),
-                                                  (36, 32, 2, 1, 64, small)]:
-    m, n, rotated = positions * images, 3 * heads * dim, 2 * heads * dim
+                                                  (36, 32, 2, 1, 64, small), (20, 16, 4, 2.5, 96, small)]:
+    m, n, rotated = int(positions * images), 3 * heads * dim, 2 * heads * dim
     rows, row_scales = quantize_rows(torch.randn(m, k) * torch.logspace(-2, 1, m)[:, None])
     weight, weight_scales = quantize_rows(torch.randn(n, k) * 0.05)
     weight_scales = weight_scales.t().contiguous()
@@ -141,5 +141,5 @@ def test_the_fp8_qkv_rope_kernel_is_its_torch_form_in_tritons_interpreter(interp
     """The Triton kernel of the op `sam3_aoti::fp8_linear_rope` (the ViT's q, k, v projection in fp8 with q's and k's
     heads rotated in the epilogue), run by Triton's CPU interpreter, gives its torch form: with the ViT's launch
     (256-wide tiles, q and k two of them each) and a smaller one whose row tiles straddle the positions' period
-    (row r at position r % L), heads of 16, 32 and 64 channels."""
+    (row r at position r % L; rows that end inside a period too), heads of 16, 32 and 64 channels."""
     assert interpreted["fp8_linear_rope"] == "ok", interpreted["fp8_linear_rope"]

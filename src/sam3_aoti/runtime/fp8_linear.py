@@ -21,8 +21,8 @@ takes 0.68-0.71 ms for a layer, where cuBLAS's fp8 product alone takes 0.56 and 
 (global layers 1.16); of the launch shapes tried, today's is the fastest (benchmarks/h100-2026-12-06-fp8-qkv-rope/).
 
 Like `runtime.attention` each is a `torch.library.triton_op` (AOTInductor compiles the kernel into the package) that
-whatever deserializes an exported program imports first. Off CUDA, or for a shape the kernel does not take, it is
-`reference`.
+whatever deserializes an exported program imports first. Off CUDA, or for a shape its kernel does not take, each is
+its torch form (`reference`, `rope_reference`).
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ def rope_reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.T
     window, or image, in the tables' order). In fp32 until the end, as the kernel."""
     product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
     positions, half = cos.shape
-    turned = product[:, :rotated].unflatten(0, (-1, positions)).unflatten(-1, (-1, half, 2))
-    even, odd = turned.unbind(-1)
-    cos, sin = cos.float()[:, None], sin.float()[:, None]  # [L, 1, D / 2]: one angle per pair, every head
-    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-3).flatten(0, 1)
+    at = torch.arange(rows.shape[0], device=rows.device) % positions
+    cos, sin = cos.float()[at][:, None], sin.float()[at][:, None]  # [M, 1, D / 2]: one angle per pair, every head
+    even, odd = product[:, :rotated].unflatten(-1, (-1, half, 2)).unbind(-1)
+    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(1)
     return torch.cat((turned, product[:, rotated:]), 1).to(torch.bfloat16)
 
 
@@ -166,11 +166,9 @@ def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambd
 
 def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rotated: int,
                block_n: int = LAUNCH["block_n"]) -> bool:
-    """Whether the rope kernel runs this product: what `takes` asks, whole positions' rows, and tiles that lie wholly
-    among the rotated columns or wholly past them, each holding whole heads."""
-    positions, half = cos.shape
-    return (takes(rows, weight) and rows.shape[0] % positions == 0 and rotated % block_n == 0
-            and block_n % (2 * half) == 0 and cos.is_contiguous())
+    """Whether the rope kernel runs this product: what `takes` asks, and tiles that lie wholly among the rotated
+    columns or wholly past them."""
+    return takes(rows, weight) and rotated % block_n == 0 and cos.is_contiguous()
 
 
 def launch_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated: int,
