@@ -146,22 +146,29 @@ def takes(rows: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.is_contiguous() and rows.shape[1] % 16 == 0)
 
 
-def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambda kernel: kernel,
-                       approx_tanh: bool = True, **launch) -> torch.Tensor:
-    """The kernel on `reference`'s arguments; `wrap`: `torch.library.wrap_triton` inside the op (so export and
-    AOTInductor trace it), identity when called directly (Triton's interpreter in the tests, with
-    `approx_tanh=False`); `launch` overrides `LAUNCH`."""
+def launched(kernel, operands: tuple, wrap, launch: dict, extra: tuple = (), **constants) -> torch.Tensor:
+    """`kernel` over the product of `operands`' rows (the first) and weight (the third): called with the operands,
+    its bf16 output, m, `extra`, n, k, the launch's tiles and `constants`; `launch` overrides `LAUNCH`."""
     launch = {**LAUNCH, **launch}
+    rows, weight = operands[0], operands[2]
     m, k = rows.shape
     n = weight.shape[0]
     block_k = next(depth for depth in (launch["block_k"], 64, 32, 16) if k % depth == 0)
     out = torch.empty((m, n), dtype=torch.bfloat16, device=rows.device)
     grid = (triton.cdiv(m, launch["block_m"]) * triton.cdiv(n, launch["block_n"]),)
-    wrap(_linear_gelu_kernel)[grid](rows, row_scales, weight, weight_scales, bias, out, m, n, k,
-                                    BLOCK_M=launch["block_m"], BLOCK_N=launch["block_n"], BLOCK_K=block_k, GROUP_M=8,
-                                    APPROX_TANH=approx_tanh, num_warps=launch["num_warps"],
-                                    num_stages=launch["num_stages"])
+    wrap(kernel)[grid](*operands, out, m, *extra, n, k, BLOCK_M=launch["block_m"], BLOCK_N=launch["block_n"],
+                       BLOCK_K=block_k, GROUP_M=8, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+                       **constants)
     return out
+
+
+def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambda kernel: kernel,
+                       approx_tanh: bool = True, **launch) -> torch.Tensor:
+    """The kernel on `reference`'s arguments; `wrap`: `torch.library.wrap_triton` inside the op (so export and
+    AOTInductor trace it), identity when called directly (Triton's interpreter in the tests, with
+    `approx_tanh=False`); `launch` overrides `LAUNCH`."""
+    return launched(_linear_gelu_kernel, (rows, row_scales, weight, weight_scales, bias), wrap, launch,
+                    APPROX_TANH=approx_tanh)
 
 
 def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rotated: int,
@@ -174,17 +181,8 @@ def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rota
 def launch_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated: int,
                        wrap=lambda kernel: kernel, **launch) -> torch.Tensor:
     """The rope kernel on `rope_reference`'s arguments (`wrap` as `launch_linear_gelu`'s)."""
-    launch = {**LAUNCH, **launch}
-    m, k = rows.shape
-    n = weight.shape[0]
-    block_k = next(depth for depth in (launch["block_k"], 64, 32, 16) if k % depth == 0)
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=rows.device)
-    grid = (triton.cdiv(m, launch["block_m"]) * triton.cdiv(n, launch["block_n"]),)
-    wrap(_linear_rope_kernel)[grid](rows, row_scales, weight, weight_scales, bias, cos, sin, out, m, cos.shape[0],
-                                    rotated, n, k, HALF=cos.shape[1], BLOCK_M=launch["block_m"],
-                                    BLOCK_N=launch["block_n"], BLOCK_K=block_k, GROUP_M=8,
-                                    num_warps=launch["num_warps"], num_stages=launch["num_stages"])
-    return out
+    return launched(_linear_rope_kernel, (rows, row_scales, weight, weight_scales, bias, cos, sin), wrap, launch,
+                    (cos.shape[0], rotated), HALF=cos.shape[1])
 
 
 @torch.library.triton_op("sam3_aoti::fp8_linear_gelu", mutates_args=())
