@@ -312,10 +312,11 @@ class RopeProjection(nn.Module):
 def test_a_rowwise_linear_and_the_fused_mlp_export_and_aot_compile_with_a_dynamic_token_count(tmp_path, monkeypatch):
     """A rowwise fp8 linear (`torch._scaled_mm`), the MLP (`Fp8Mlp`: fc1 as the op `sam3_aoti::fp8_linear_gelu`, a
     Triton kernel AOTInductor compiles into the package, then fc2 in bf16) and `vit_qkv_rope`'s projection (the op
-    `sam3_aoti::fp8_linear_rope`) through torch.export and AOTInductor, as a precision=fp8 build takes the ViT's: each compiled package equals its module at two token counts. The C++
-    compiler as the toolchain stage picks it (the H200's default g++ links libstdc++ statically, and its AOTI
-    wrappers crash on load: seen for this test too). Not here: fc2 on 1 x 128 groups (`F.scaled_mm`), which
-    AOTInductor's proxy executor fails to run in torch 2.11 (benchmarks/h100-2026-12-06-fp8-fc1/)."""
+    `sam3_aoti::fp8_linear_rope`) through torch.export and AOTInductor, as a precision=fp8 build takes the ViT's:
+    each compiled package equals its module at two token counts. The C++ compiler as the toolchain stage picks it
+    (the H200's default g++ links libstdc++ statically, and its AOTI wrappers crash on load: seen for this test
+    too). Not here: fc2 on 1 x 128 groups (`F.scaled_mm`), which AOTInductor's proxy executor fails to run in torch
+    2.11 (benchmarks/h100-2026-12-06-fp8-fc1/)."""
     import os
 
     from sam3_aoti.toolchain.compiler_fixes import links_libstdcxx_statically, shared_libstdcxx_compilers
