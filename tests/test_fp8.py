@@ -348,3 +348,39 @@ def test_a_rowwise_linear_and_the_fused_mlp_export_and_aot_compile_with_a_dynami
             x = torch.randn(count, 1024, device="cuda", dtype=torch.bfloat16)
             want = fp8(x)
             assert (compiled(x).float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max(), name
+
+
+def test_the_fp8_kernels_trace_through_wrap_triton_as_export_traces_them():
+    """Each fp8 op's launch, traced on fake CUDA tensors as export and AOTInductor trace the op's body (no GPU needed):
+    one call of its kernel through `torch.library.wrap_triton`, on the grid of 128 x 256 tiles over its output."""
+    pytest.importorskip("triton")
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sam3_aoti.runtime import fp8_linear
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        rows, row_scales = torch.empty(5184, 1024, dtype=E4M3, device="cuda"), torch.empty(5184, 1, device="cuda")
+        weight, weight_scales = torch.empty(3072, 1024, dtype=E4M3, device="cuda"), torch.empty(1, 3072, device="cuda")
+        bias = torch.empty(3072, dtype=torch.bfloat16, device="cuda")
+        cos, sin = torch.empty(576, 32, device="cuda"), torch.empty(576, 32, device="cuda")
+
+    def both(*args):
+        wrap = torch.library.wrap_triton
+        return (fp8_linear.launch_linear_gelu(*args[:5], wrap=wrap),
+                fp8_linear.launch_linear_rope(*args, 2048, wrap=wrap))
+
+    graph = make_fx(both, tracing_mode="fake")(rows, row_scales, weight, weight_scales, bias, cos, sin).graph
+    calls = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and "triton_kernel_wrapper" in str(node.target):
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            args = {**kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"]), **node.kwargs["kwargs"]}
+            assert set(kernel.arg_names) <= set(args), kernel.fn.__name__  # every parameter bound
+            calls[kernel.fn.__name__] = node.kwargs["grid"], {name: args[name] for name in kernel.arg_names
+                                                             if isinstance(args[name], int)}
+    grid, tiles = [(41 * 12, 1, 1)], {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8}
+    assert calls["_linear_gelu_kernel"] == (grid, {"m": 5184, "n": 3072, "k": 1024, **tiles, "APPROX_TANH": True})
+    assert calls["_linear_rope_kernel"] == (grid, {"m": 5184, "positions": 576, "rotated": 2048, "n": 3072, "k": 1024,
+                                                   "HALF": 32, **tiles})

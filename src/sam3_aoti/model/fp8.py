@@ -1,15 +1,16 @@
 """precision=fp8: the ViT's linear layers as scaled fp8 GEMMs (Hopper's `torch._scaled_mm`, and a Triton GEMM for the
 MLP's fc1).
 
-Each weight is quantized once when the model is built for export, each activation at run time, in the graph,
-where Inductor fuses the row max and the cast into the kernel that produces the activation (a LayerNorm, or the
-attention output). The product runs in e4m3 with fp32 scales, one per token and one per output channel, adds
-the bias in its epilogue and returns bf16. The MLP's fc1 is one Triton GEMM with its bias
-and GELU in the epilogue (`Fp8Mlp`, `runtime.fp8_linear`); its fc2 stays bf16: GELU's 4736-wide output needs a
-row max that costs more than the fp8 GEMM saves, its 1 x 128 group form (`F.scaled_mm`, blockwise) fails under
-AOTInductor in torch 2.11, and the project's Triton form was slower than cuBLAS's bf16 GEMM
-(benchmarks/h100-2026-12-06-fp8-fc1/). Only the ViT (most of the GEMM time, `experiments/speed_levers.py`) is
-rewritten; the rest of the model stays a bf16 build.
+Each weight is quantized once when the model is built for export, each activation at run time, in the graph, where
+Inductor fuses the row max and the cast into the kernel that produces the activation (a LayerNorm, or the attention
+output). The product runs in e4m3 with fp32 scales, one per token and one per output channel, adds the bias in its
+epilogue and returns bf16. The MLP's fc1 is one Triton GEMM with its bias and GELU in the epilogue (`Fp8Mlp`,
+`runtime.fp8_linear`), and with the optimization `vit_qkv_rope` so is each attention's q, k, v projection, with q's
+and k's rotary embedding in its epilogue; the MLP's fc2 stays bf16: GELU's 4736-wide output needs a row max that
+costs more than the fp8 GEMM saves, its 1 x 128 group form (`F.scaled_mm`, blockwise) fails under AOTInductor in
+torch 2.11, and the project's Triton form was slower than cuBLAS's bf16 GEMM (benchmarks/h100-2026-12-06-fp8-fc1/).
+Only the ViT (most of the GEMM time, `experiments/speed_levers.py`) is rewritten; the rest of the model stays a bf16
+build.
 
 Written here rather than taken from torchao: its float8 path is not tested with torch.export + AOTInductor,
 and this is a handful of aten ops the exported program keeps as they are.
