@@ -65,6 +65,10 @@ copy logs/fp8-gpu-test.log fp8-gpu-tests.log
 copy logs/vit-mlp-fp8/vit-mlp-fp8.json vit-mlp-fp8.json
 copy logs/vit-mlp-fp8/vit-mlp-fp8.md vit-mlp-fp8.md
 copy logs/fp8-aoti-pieces.log fp8-aoti-pieces.log
+copy logs/qkv-rope-gpu-test.log qkv-rope-gpu-tests.log
+copy logs/fp8-qkv-rope/fp8-qkv-rope.json fp8-qkv-rope.json
+copy logs/fp8-qkv-rope/fp8-qkv-rope.md fp8-qkv-rope.md
+copy logs/fp8-qkv-rope-launches.log fp8-qkv-rope-launches.txt
 for dir in gelu-groups-tune gelu-groups-arithmetic fp8-fc1-fused vit-attention vit-block vit-section-bf16 vit-section-fp8 \
     vit-section-{bf16,fp8}-{pipeline,without-fused-qkv}; do
     [[ -d $staging/logs/$dir ]] && rm -rf "${dest:?}/$dir" && cp -r "$staging/logs/$dir" "$dest/$dir"

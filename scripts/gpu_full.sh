@@ -18,8 +18,8 @@
 #          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8, each with and without
 #          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
-#          model, then bench (Meta's column and the AOTI ones) and parity with Meta (FP8_KERNELS=0 in the environment: the build,
-#          bench and parity alone)
+#          model, then bench (Meta's column and the AOTI ones), parity with Meta and the ViT section's costliest kernels
+#          at 16 x 1 (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -519,7 +519,9 @@ run_all() {
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8 &&
-        build fp8-parity parity $SAM3 precision=fp8)  # against Meta under bf16 autocast, [parity.tolerances.fp8]
+        build fp8-parity parity $SAM3 precision=fp8 &&  # against Meta under bf16 autocast, [parity.tolerances.fp8]
+        step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 --precision fp8 \
+            --device cuda --shapes 16x1 --sections ViT --kernels 16 --out "$RESULTS/vit-section-fp8")  # where it goes
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
         segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' && short_lease)
