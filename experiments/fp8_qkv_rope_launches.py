@@ -10,7 +10,6 @@ Usage: scripts/gpu_run.sh --python experiments/fp8_qkv_rope_launches.py     (a H
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,23 +20,11 @@ import torch  # noqa: E402
 from sam3_aoti.model.fp8 import quantize_rows  # noqa: E402
 from sam3_aoti.runtime.fp8_linear import launch_linear_rope  # noqa: E402
 
+from fp8_qkv_rope import timed  # noqa: E402  (this folder's: run as a script, it is on sys.path)
+
 # (block_m, block_n, block_k, num_warps, num_stages); the first is the op's own (fp8_linear.LAUNCH)
 LAUNCHES = [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (128, 128, 128, 4, 4), (128, 128, 128, 8, 4),
             (256, 128, 128, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 4, 5), (64, 256, 128, 4, 4)]
-
-
-def timed(fn) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -50,11 +37,11 @@ def main() -> None:
     rows, row_scales = quantize_rows(torch.randn(16 * 5184, 1024, device="cuda", dtype=torch.bfloat16))
     flop = 2 * rows.shape[0] * 1024 * 3072
     ms = timed(lambda: torch._scaled_mm(rows, weight.t(), scale_a=row_scales, scale_b=weight_scales, bias=bias,
-                                        out_dtype=torch.bfloat16))
+                                        out_dtype=torch.bfloat16), reps=30)
     print("cublas scaled_mm alone", round(ms, 4), flush=True)
     for bm, bn, bk, warps, stages in LAUNCHES:
         ms = timed(lambda: launch_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, 2048, block_m=bm,
-                                              block_n=bn, block_k=bk, num_warps=warps, num_stages=stages))
+                                              block_n=bn, block_k=bk, num_warps=warps, num_stages=stages), reps=30)
         print(json.dumps({"launch": [bm, bn, bk, warps, stages], "ms": round(ms, 4), "tflops": round(flop / ms / 1e9)}),
               flush=True)
 

@@ -127,12 +127,12 @@ def test_the_qkv_rope_op_is_the_product_then_transformers_rotation():
 
 def _rotated_after_rounding(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated):
     """The op's result as the unfused graph rounds it: the product to bf16, then rotated (in fp32) and rounded again."""
-    product = ((rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()).bfloat16()
+    from sam3_aoti.runtime.fp8_linear import rotate_pairs, scaled_product
+
+    product = scaled_product(rows, row_scales, weight, weight_scales, bias).bfloat16()
     positions, half = cos.shape
-    pairs = product.float()[:, :rotated].unflatten(0, (-1, positions)).unflatten(-1, (-1, half, 2))
-    even, odd = pairs.unbind(-1)
-    cos, sin = cos.float()[:, None], sin.float()[:, None]
-    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-3).flatten(0, 1)
+    heads = product.float()[:, :rotated].unflatten(0, (-1, positions)).unflatten(-1, (-1, 2 * half))
+    turned = rotate_pairs(heads, cos.float()[:, None], sin.float()[:, None]).flatten(-2).flatten(0, 1)
     return torch.cat((turned.bfloat16(), product[:, rotated:]), 1)
 
 

@@ -48,8 +48,20 @@ def reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor
     """`rows [M, K]` e4m3 with `row_scales [M, 1]`, `weight [N, K]` e4m3 with `weight_scales [1, N]`, `bias [N]` ->
     bf16 `gelu_tanh(rows @ weight.T * scales + bias)`, in fp32 until the end (the kernel's arithmetic, up to the
     order of its sums and the SFU's tanh)."""
-    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
-    return F.gelu(product, approximate="tanh").to(torch.bfloat16)
+    return F.gelu(scaled_product(rows, row_scales, weight, weight_scales, bias), approximate="tanh").to(torch.bfloat16)
+
+
+def scaled_product(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
+                   bias: torch.Tensor) -> torch.Tensor:
+    """`rows @ weight.T` with its row and column scales and bias, in fp32: both kernels' product."""
+    return (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`x [..., D]` with each pair of channels (2i, 2i + 1) rotated by its angle (`cos`, `sin` broadcast against
+    `[..., D / 2]`): transformers' `apply_rotary_pos_emb_2d` with each angle once, not repeated for the pair."""
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-2)
 
 
 def rope_reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
@@ -58,12 +70,11 @@ def rope_reference(rows: torch.Tensor, row_scales: torch.Tensor, weight: torch.T
     k's heads) rotated pairwise as transformers' `apply_rotary_pos_emb_2d` rotates them: `cos`, `sin` `[L, D / 2]`
     hold each of L positions' angle per pair of a D-wide head, and row r is position r % L (the tokens of each
     window, or image, in the tables' order). In fp32 until the end, as the kernel."""
-    product = (rows.float() @ weight.float().t()) * row_scales * weight_scales + bias.float()
+    product = scaled_product(rows, row_scales, weight, weight_scales, bias)
     positions, half = cos.shape
     at = torch.arange(rows.shape[0], device=rows.device) % positions
     cos, sin = cos.float()[at][:, None], sin.float()[at][:, None]  # [M, 1, D / 2]: one angle per pair, every head
-    even, odd = product[:, :rotated].unflatten(-1, (-1, half, 2)).unbind(-1)
-    turned = torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(1)
+    turned = rotate_pairs(product[:, :rotated].unflatten(-1, (-1, 2 * half)), cos, sin).flatten(1)
     return torch.cat((turned, product[:, rotated:]), 1).to(torch.bfloat16)
 
 
@@ -171,11 +182,10 @@ def launch_linear_gelu(rows, row_scales, weight, weight_scales, bias, wrap=lambd
                     APPROX_TANH=approx_tanh)
 
 
-def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rotated: int,
-               block_n: int = LAUNCH["block_n"]) -> bool:
+def takes_rope(rows: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, rotated: int) -> bool:
     """Whether the rope kernel runs this product: what `takes` asks, and tiles that lie wholly among the rotated
     columns or wholly past them."""
-    return takes(rows, weight) and rotated % block_n == 0 and cos.is_contiguous()
+    return takes(rows, weight) and rotated % LAUNCH["block_n"] == 0 and cos.is_contiguous()
 
 
 def launch_linear_rope(rows, row_scales, weight, weight_scales, bias, cos, sin, rotated: int,

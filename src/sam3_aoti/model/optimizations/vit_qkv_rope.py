@@ -18,6 +18,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.sam3.modeling_sam3 import Sam3ViTLayer, Sam3ViTRoPEAttention, eager_attention_forward
 
+from ...runtime.fp8_linear import rotate_pairs
 from .. import ops
 from ..fp8 import Fp8Linear, quantize_rows
 from .layers import stack_linears
@@ -45,9 +46,7 @@ class PairTables(nn.Module):
 def rotated_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' `apply_rotary_pos_emb_2d` on `x [B, L, heads, D]` (in fp32, back to its dtype) with the halved
     tables `[L, D / 2]`."""
-    even, odd = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos[:, None], sin[:, None]
-    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), -1).flatten(-2).type_as(x)
+    return rotate_pairs(x.float(), cos[:, None], sin[:, None]).type_as(x)
 
 
 class RopeQKVViTAttention(Sam3ViTRoPEAttention):
