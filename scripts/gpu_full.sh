@@ -482,10 +482,10 @@ run_all() {
     [[ $runs == *" attention "* ]] && (cd "$WORK/attention" && step attention-kernel scripts/gpu_run.sh --python \
         experiments/attention_kernel.py --out "$RESULTS/attention"; step attention-gpu-tests scripts/gpu_run.sh --pytest \
         -q tests/test_gpu.py -k "attention_kernel or box_bias_kernel")
-    [[ $runs == *" qkvrope "* ]] && (cd "$WORK/qkvrope" && step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q \
-        tests/test_gpu.py tests/test_fp8.py -k "qkv_rope or aot_compile"; step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py \
-        --out "$RESULTS/fp8-qkv-rope"; step fp8-qkv-rope-launches scripts/gpu_run.sh --python \
-        experiments/fp8_qkv_rope_launches.py)
+    [[ $runs == *" qkvrope "* ]] && (cd "$WORK/qkvrope" &&
+        step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q tests/test_gpu.py tests/test_fp8.py -k "qkv_rope or aot_compile"
+        step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py --out "$RESULTS/fp8-qkv-rope"
+        step fp8-qkv-rope-launches scripts/gpu_run.sh --python experiments/fp8_qkv_rope_launches.py)
     [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
