@@ -19,7 +19,8 @@
 #          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
 #          model, then bench (Meta's column and the AOTI ones), parity with Meta and the ViT section's costliest kernels
-#          at 16 x 1 (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone)
+#          at 16 x 1 (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone; FP8_LEAN=1: its
+#          bench without the by-section tables and no ViT section after parity, for a lease short of device time)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -195,6 +196,7 @@ loader_run() {
 fp8_run() {  # its bench has Meta's column beside the AOTI ones: #50's goals are claimed for this build
     cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false columns '["meta", "aoti", "aoti_graphs"]' \
         load_times false
+    [[ ${FP8_LEAN:-0} == 1 ]] && configure sections '"off"'
     toolkit_for fp8 $SAM3 precision=fp8
     build fp8-build weights export compile package verify $SAM3 precision=fp8
 }
@@ -520,7 +522,7 @@ run_all() {
     [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8 &&
         build fp8-parity parity $SAM3 precision=fp8 &&  # against Meta under bf16 autocast, [parity.tolerances.fp8]
-        step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 --precision fp8 \
+        [[ ${FP8_LEAN:-0} == 0 ]] && step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 --precision fp8 \
             --device cuda --shapes 16x1 --sections ViT --kernels 16 --out "$RESULTS/vit-section-fp8")  # where it goes
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
