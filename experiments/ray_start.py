@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Where `segment`'s start-up goes before its own code runs (issue #49's 8 s): a local Ray's start, an actor that
 imports torch (as the model actor does) started at once or after the cluster's prestarted workers have come up,
-with and without Ray's `preload_python_modules`, and Ray Data's first run against its second on the same cluster
-(a trivial model actor). Each case in a fresh process; median of `--repeat` runs.
+with and without Ray's `preload_python_modules`, Ray Data's first run against its second on the same cluster
+(a trivial model actor), and segment's pipeline from nothing with a model actor that imports torch and opens the
+GPU but loads no package: the floor of segment's start-up under the package's own load and first call. Each case in
+a fresh process; median of `--repeat` runs.
 
-Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2]
+Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2 | --cpus 0 (all of them)] [--gpu]
 """
 
 from __future__ import annotations
@@ -79,29 +81,73 @@ def data_runs(cpus: int) -> dict:
     return {"first_run_first_batch_s": firsts[0], "second_run_first_batch_s": firsts[1]}
 
 
+def pipeline(cpus: int, gpu: bool) -> dict:
+    """In this process, as `segment` runs (batch/engine.py): a local Ray's start, then its pipeline (a CPU map of 4
+    rows a task, a pool of one model actor holding the GPU when `gpu`, a CPU map after it) to the first batch. The
+    actor imports torch and opens a CUDA context (no package, no model): what segment's start-up is before the
+    package's load and first call."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    t1 = time.perf_counter()
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    class Model:
+        def __init__(self):
+            t = time.perf_counter()
+            import torch
+
+            self.torch = torch
+            self.import_s = time.perf_counter() - t
+            t = time.perf_counter()
+            if gpu:
+                torch.zeros(1, device="cuda")
+            self.context_s = time.perf_counter() - t
+
+        def __call__(self, batch):
+            return {**batch, "import_s": [self.import_s] * len(batch["x"]),
+                    "context_s": [self.context_s] * len(batch["x"])}
+
+    dataset = ray.data.from_items([{"x": i} for i in range(64)], override_num_blocks=16).map_batches(
+        lambda b: b, batch_size=4, num_cpus=1).map_batches(
+        Model, batch_size=16, num_cpus=1, num_gpus=1 if gpu else 0, compute=ray.data.ActorPoolStrategy(size=1)
+    ).map_batches(lambda b: b, batch_size=None, num_cpus=1)
+    first = next(iter(dataset.iter_batches(batch_size=None)))
+    t2 = time.perf_counter()
+    ray.shutdown()
+    return {"ray_init_s": t1 - t0, "ray_up_to_first_batch_s": t2 - t1, "first_batch_s": t2 - t0,
+            "actor_torch_import_s": float(first["import_s"][0]), "actor_cuda_context_s": float(first["context_s"][0])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--gpu", action="store_true", help="the pipeline's model actor holds a GPU and opens it")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a process of its own
     args = parser.parse_args()
     if args.case:
-        result = data_runs(args.cpus) if args.case == "data" else one_case(**CASES[args.case], cpus=args.cpus)
+        result = data_runs(args.cpus) if args.case == "data" else pipeline(args.cpus, args.gpu) \
+            if args.case == "pipeline" else one_case(**CASES[args.case], cpus=args.cpus)
         print(json.dumps(result))
         return
-    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}  # as segment starts Ray (batch/engine.py)
+    # as segment starts Ray (batch/engine.py)
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     results = {}
-    for case in [*CASES, "data"]:
-        runs = [json.loads(subprocess.run([sys.executable, __file__, "--case", case, "--cpus", str(args.cpus)],
-                                          env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-                for _ in range(args.repeat)]
+    for case in ["pipeline", *CASES, "data"]:
+        command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus), *(["--gpu"] if args.gpu else [])]
+        runs = [json.loads(subprocess.run(command, env=env, capture_output=True, text=True,
+                                          check=True).stdout.splitlines()[-1]) for _ in range(args.repeat)]
         results[case] = {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
         print(case, results[case], flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ray-start.json").write_text(json.dumps({"cpus": args.cpus, "repeat": args.repeat,
-                                                             "cases": results}, indent=2) + "\n")
+        (args.out / "ray-start.json").write_text(json.dumps({"cpus": args.cpus or os.cpu_count(), "gpu": args.gpu,
+                                                             "repeat": args.repeat, "cases": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
