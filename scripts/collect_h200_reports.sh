@@ -69,6 +69,8 @@ copy logs/qkv-rope-gpu-test.log qkv-rope-gpu-tests.log
 copy logs/fp8-qkv-rope/fp8-qkv-rope.json fp8-qkv-rope.json
 copy logs/fp8-qkv-rope/fp8-qkv-rope.md fp8-qkv-rope.md
 copy logs/fp8-qkv-rope-launches.log fp8-qkv-rope-launches.txt
+copy logs/ray-start/ray-start.json ray-start.json
+copy logs/ray-start.log ray-start.log
 for dir in gelu-groups-tune gelu-groups-arithmetic fp8-fc1-fused vit-attention vit-block vit-section-bf16 vit-section-fp8 \
     vit-section-{bf16,fp8}-{pipeline,without-fused-qkv}; do
     [[ -d $staging/logs/$dir ]] && rm -rf "${dest:?}/$dir" && cp -r "$staging/logs/$dir" "$dest/$dir"

@@ -7,6 +7,9 @@
 #   qkvrope: first and alone on the GPU, no build: the GPU tests of the op sam3_aoti::fp8_linear_rope (and the
 #          fp8 ops' AOT compile), experiments/fp8_qkv_rope.py (vit_qkv_rope's fused q, k, v + rotary GEMM against
 #          cuBLAS's GEMM and Inductor's rotation) and experiments/fp8_qkv_rope_launches.py (its kernel's launch shapes)
+#   raystart: first and alone on the GPU, no build: experiments/ray_start.py --gpu on all the machine's CPUs (a local
+#          Ray's start, and segment's pipeline to its first batch with a model actor that imports torch and opens the
+#          GPU but loads no package: segment's start-up under the package's own). Needs Ray (.whl-ray/a and b)
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
@@ -475,7 +478,7 @@ run_all() {
     [[ $runs == " again " ]] && { again_run; return 0; }
     [[ $runs == " again ceiling " ]] && { (again_run); ceiling_again; return 0; }
     [[ $runs == " windowpackage " ]] && { window_package_run; return 0; }  # alone: after a fresh run of this machine
-    for name in sdpa attention qkvrope bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
+    for name in sdpa attention qkvrope raystart bf16 fp32 parity tuned fp8 loader segment actors ceiling fc1 vitattn vitblock vitnorm tiny compiletime tinytuned o0 cache fresh split exemplars kernels windoworder heads optimizations; do [[ $runs == *" $name "* ]] && checkout "${name/#cache/cacheA}"; done
     local first=$1
     [[ $first == cache ]] && first=cacheA
     (cd "$WORK/$first" && step install-wheels scripts/gpu_run.sh --python -c "") || return 1  # once, for all runs
@@ -488,6 +491,8 @@ run_all() {
         step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q tests/test_gpu.py tests/test_fp8.py -k "qkv_rope or aot_compile"
         step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py --out "$RESULTS/fp8-qkv-rope"
         step fp8-qkv-rope-launches scripts/gpu_run.sh --python experiments/fp8_qkv_rope_launches.py)
+    [[ $runs == *" raystart "* ]] && (cd "$WORK/raystart" && step ray-start scripts/gpu_run.sh --python \
+        experiments/ray_start.py --cpus 0 --gpu --repeat 3 --out "$RESULTS/ray-start")
     [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
@@ -599,5 +604,5 @@ case "${1:-}" in
         pack
         cat "$RESULTS/status"
         for log in "$RESULTS"/*.log; do echo "== $log"; tail -n 6 "$log"; done ;;
-    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [qkvrope] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [freshbench] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
+    *) echo "usage: [TOOLKIT=machine] [TUNE_LIMIT=SECS] scripts/gpu_full.sh start [sdpa] [attention] [qkvrope] [raystart] [bf16] [fp32] [parity] [tuned] [fp8] [loader] [segment] [actors] [ceiling] [fc1] [vitattn] [vitblock] [vitnorm] [tiny] [compiletime] [tinytuned] [o0] [cache] [fresh] [split] [exemplars] [windoworder] [windowpackage] [freshbench] [heads] [optimizations] | start again [ceiling] | wait SECONDS" >&2; exit 2 ;;
 esac
