@@ -33,7 +33,7 @@ def one_case(sleep: float, preload: bool, cpus: int) -> dict:
     import ray
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
              **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
     t1 = time.perf_counter()
     time.sleep(sleep)
@@ -61,7 +61,7 @@ def data_runs(cpus: int) -> dict:
     actor pool), after the prestarted workers have come up."""
     import ray
 
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
     time.sleep(3)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
@@ -140,8 +140,8 @@ def main() -> None:
     results = {}
     for case in ["pipeline", *CASES, "data"]:
         command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus), *(["--gpu"] if args.gpu else [])]
-        runs = [json.loads(subprocess.run(command, env=env, capture_output=True, text=True,
-                                          check=True).stdout.splitlines()[-1]) for _ in range(args.repeat)]
+        runs = [json.loads(subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+                                          timeout=300).stdout.splitlines()[-1]) for _ in range(args.repeat)]
         results[case] = {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
         print(case, results[case], flush=True)
     if args.out:

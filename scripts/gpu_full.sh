@@ -7,7 +7,7 @@
 #   qkvrope: first and alone on the GPU, no build: the GPU tests of the op sam3_aoti::fp8_linear_rope (and the
 #          fp8 ops' AOT compile), experiments/fp8_qkv_rope.py (vit_qkv_rope's fused q, k, v + rotary GEMM against
 #          cuBLAS's GEMM and Inductor's rotation) and experiments/fp8_qkv_rope_launches.py (its kernel's launch shapes)
-#   raystart: first and alone on the GPU, no build: experiments/ray_start.py --gpu on all the machine's CPUs (a local
+#   raystart: no build, after segment's figures, alone: experiments/ray_start.py --gpu on all the machine's CPUs (a local
 #          Ray's start, and segment's pipeline to its first batch with a model actor that imports torch and opens the
 #          GPU but loads no package: segment's start-up under the package's own). Needs Ray (.whl-ray/a and b)
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
@@ -491,8 +491,6 @@ run_all() {
         step qkv-rope-gpu-test scripts/gpu_run.sh --pytest -q tests/test_gpu.py tests/test_fp8.py -k "qkv_rope or aot_compile"
         step fp8-qkv-rope scripts/gpu_run.sh --python experiments/fp8_qkv_rope.py --out "$RESULTS/fp8-qkv-rope"
         step fp8-qkv-rope-launches scripts/gpu_run.sh --python experiments/fp8_qkv_rope_launches.py)
-    [[ $runs == *" raystart "* ]] && (cd "$WORK/raystart" && step ray-start scripts/gpu_run.sh --python \
-        experiments/ray_start.py --cpus 0 --gpu --repeat 3 --out "$RESULTS/ray-start")
     [[ $runs == *" fp8 "* && ${FP8_KERNELS:-1} == 1 ]] && (cd "$WORK/fp8" && fp8_kernels)  # FP8_KERNELS=0: the build alone
     [[ $runs == *" bf16 "* ]] && { full_build bf16 bf16 & pids+=($!); }
     [[ $runs == *" fp32 "* ]] && { full_build fp32 fp32 & pids+=($!); }
@@ -544,6 +542,8 @@ run_all() {
         ray_logs segment-throughput
         [[ ${SEGMENT_LEAN:-0} == 1 ]] || step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
+    [[ $runs == *" raystart "* ]] && (cd "$WORK/raystart" && step ray-start scripts/gpu_run.sh --python \
+        experiments/ray_start.py --cpus 0 --gpu --repeat 3 --out "$RESULTS/ray-start")
     [[ $runs == *" ceiling "* ]] && grep -q "end ceiling-build rc=0" "$RESULTS/status" && ceiling_throughput
     [[ $runs == *" fc1 "* ]] && (cd "$WORK/fc1" && step fp8-fc1-fused scripts/gpu_run.sh --python \
         experiments/fp8_fc1_fused.py --out "$RESULTS/fp8-fc1-fused")
