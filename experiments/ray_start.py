@@ -100,7 +100,6 @@ def pipeline(cpus: int, gpu: bool) -> dict:
             t = time.perf_counter()
             import torch
 
-            self.torch = torch
             self.import_s = time.perf_counter() - t
             t = time.perf_counter()
             if gpu:
@@ -131,8 +130,12 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a process of its own
     args = parser.parse_args()
     if args.case:
-        result = data_runs(args.cpus) if args.case == "data" else pipeline(args.cpus, args.gpu) \
-            if args.case == "pipeline" else one_case(**CASES[args.case], cpus=args.cpus)
+        if args.case == "data":
+            result = data_runs(args.cpus)
+        elif args.case == "pipeline":
+            result = pipeline(args.cpus, args.gpu)
+        else:
+            result = one_case(**CASES[args.case], cpus=args.cpus)
         print(json.dumps(result))
         return
     # as segment starts Ray (batch/engine.py)
