@@ -53,6 +53,7 @@ copy logs/segment-actor.log segment-actor.log
 copy tiny/toolchain/doctor.json doctor-tiny.json
 copy tiny/tiny-fp32-cuda/verify/report.md verify-tiny.md
 copy logs/status steps.txt
+copy logs/install-wheels.log install-wheels.log
 copy logs/tiny-chain.log tiny-chain.log
 copy logs/tiny-cpp-consumer.log tiny-cpp-consumer.log
 copy logs/tiny-gpu-tests.log tiny-gpu-tests.log
