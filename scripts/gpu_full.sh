@@ -525,8 +525,9 @@ run_all() {
     [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8 &&
         build fp8-parity parity $SAM3 precision=fp8 &&  # against Meta under bf16 autocast, [parity.tolerances.fp8]
-        [[ ${FP8_LEAN:-0} == 0 ]] && step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py --profile sam3 --precision fp8 \
-            --device cuda --shapes 16x1 --sections ViT --kernels 16 --out "$RESULTS/vit-section-fp8")  # where it goes
+        [[ ${FP8_LEAN:-0} == 0 ]] && step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py \
+            --profile sam3 --precision fp8 --device cuda --shapes 16x1 --sections ViT --kernels 16 \
+            --out "$RESULTS/vit-section-fp8")  # where it goes
     local segment=segment
     if [[ $runs == *" fresh "* ]]; then
         segment=fresh && (cd "$WORK/fresh" && configure columns '["aoti_graphs"]' sections '"off"' && short_lease)
