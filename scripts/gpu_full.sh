@@ -61,7 +61,8 @@
 #   segment: the bf16 build as pipeline.toml has it (untuned), verify, the bench's AOTI + CUDA graphs column with
 #          every loader's load time (the service's start), then `doit throughput`: `sam3-aoti segment` on Ray Data
 #          over the [throughput] collection (mixed sizes, PNGs and JPEGs, broken files) against that bench's 16 x 1
-#          images/s, the GPU's busy share sampled, then an actor's time by step without Ray
+#          images/s, the GPU's busy share sampled (on N GPUs: one actor, then N, against N times one), then an
+#          actor's time by step without Ray
 #          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
 #          actor's steps run on fresh's package once the fresh box is timed (BENCH_SHAPES="[[16, 1]]" in the
 #          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).

@@ -39,6 +39,7 @@ from helpers import copy_repo, one_line_error, run_doit
     ("[verify.tolerances.bf16.per_output.pred_boxes]", "[verify.tolerances.bf16.per_output.boxes]",
      "[verify.tolerances.bf16.per_output]: unknown key `boxes`: did you mean `pred_boxes`?"),
     ("max_abs = 1e-3  # boxes", 'max_abs = "1px"  # boxes', "[verify.tolerances.bf16.per_output.pred_boxes] max_abs must be a finite number"),
+    ("broken = 4", "broken = 4\nactors = [1, 1]", "[throughput] actors must be a list of distinct model actor counts"),
 ])
 def test_a_bad_pipeline_toml_is_one_line_at_load(tmp_path, old, new, words):
     repo = copy_repo(tmp_path)

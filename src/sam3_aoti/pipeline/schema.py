@@ -196,6 +196,9 @@ SCHEMA = {
         "prompt": ((lambda v: isinstance(v, str) and v.strip() != ""), "a noun phrase", REQUIRED),
         "batch_size": (*_int(1, 1024), REQUIRED),
         "actor_cpus": (*_int(1, 1024), OPTIONAL),
+        "actors": ((lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
+                    and all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 for n in v)),
+                   "a list of distinct model actor counts, each from 1 to 1024", OPTIONAL),
     }, OPTIONAL),
     "parity": ({"tolerances": ({"*": (PARITY_PRECISIONS, PARITY_TOLERANCES)}, REQUIRED)}, REQUIRED),
     "render": ({
