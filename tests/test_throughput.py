@@ -109,6 +109,7 @@ def test_actor_counts_are_one_and_all_gpus_or_as_asked_within_the_machine():
     assert actor_counts(None, 4, "cuda") == [1, 4]
     assert actor_counts(None, 0, "cpu") == [None]
     assert actor_counts([1, 2], 2, "cuda") == [1, 2] and actor_counts([1, 3], 0, "cpu") == [1, 3]
+    assert actor_counts([1, 2], 0, "cuda") == [1, 2]  # no nvidia-smi to count them: as asked
     with pytest.raises(ConfigError, match=r"actors = \[1, 2\]: this machine has 1 GPU\(s\)"):
         actor_counts([1, 2], 1, "cuda")
 

@@ -83,9 +83,10 @@ def visible_gpus() -> int:
 def actor_counts(asked: list[int] | None, gpus: int, device: str) -> list[int | None]:
     """The model actor counts to run: `[throughput] actors` if given; on a machine of N > 1 GPUs, one actor and then
     N, so the N-GPU rate is measured against the one-GPU rate of the same run; else segment's own default. A GPU
-    actor holds a GPU of its own: a count over this machine's GPUs is a one-line error, not a run that waits."""
+    actor holds a GPU of its own: a count over the GPUs nvidia-smi lists is a one-line error, not a run that waits
+    (without nvidia-smi the counts stand as asked)."""
     if asked:
-        if device == "cuda" and max(asked) > gpus:
+        if device == "cuda" and gpus and max(asked) > gpus:
             raise ConfigError(f"[throughput] actors = {asked}: this machine has {gpus} GPU(s), and each model actor "
                               "holds one; give counts up to that")
         return list(asked)
