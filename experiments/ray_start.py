@@ -28,13 +28,19 @@ CASES = {
 }
 
 
+def start_ray(cpus: int, **options):
+    """A local Ray as segment starts it (batch/engine.py), on `cpus` CPUs (0: all of them)."""
+    import ray
+
+    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False, **options)
+
+
 def one_case(sleep: float, preload: bool, cpus: int) -> dict:
     """In this process: ray.init, then an actor whose constructor imports torch; seconds of each."""
     import ray
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
+    start_ray(cpus, **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
     t1 = time.perf_counter()
     time.sleep(sleep)
 
@@ -61,7 +67,7 @@ def data_runs(cpus: int) -> dict:
     actor pool), after the prestarted workers have come up."""
     import ray
 
-    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(cpus)
     time.sleep(3)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
@@ -89,7 +95,7 @@ def pipeline(cpus: int, gpu: bool) -> dict:
     import ray
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(cpus)
     t1 = time.perf_counter()
     import ray.data
 

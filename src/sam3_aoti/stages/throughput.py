@@ -60,9 +60,12 @@ class GpuBusy:
     def per_gpu(self, skip: int = 0) -> dict[int, dict]:
         """Each GPU's mean busy share, leaving out its first `skip` samples (Ray starting, the package loading), and
         the most memory in use on it (MiB)."""
-        return {index: {"busy_share": round(sum(b for b, _ in samples[skip:]) / len(samples[skip:]) / 100, 3)
-                        if samples[skip:] else None, "peak_mib": max(m for _, m in samples)}
-                for index, samples in sorted(self.samples.items())}
+        gpus = {}
+        for index, samples in sorted(self.samples.items()):
+            busy = [b for b, _ in samples[skip:]]
+            gpus[index] = {"busy_share": round(sum(busy) / len(busy) / 100, 3) if busy else None,
+                           "peak_mib": max(m for _, m in samples)}
+        return gpus
 
     def share(self, gpus: int = 1, skip: int = 0) -> float | None:
         """The mean busy share of the `gpus` GPUs that held the most memory: those the model actors ran on (Ray
@@ -149,11 +152,11 @@ def run(settings: Settings) -> None:
     runs = []
     gpus = visible_gpus() if settings.device == "cuda" else 0
     for actors in actor_counts(opts.get("actors"), gpus, settings.device):
-        runs.append(segment_run(folder, paths, opts, actors))
+        r = segment_run(folder, paths, opts, actors)
+        runs.append(r)
         log.info("%s model actor(s): %d images in %.1f s (%.1f s until the first results): %.2f images/s overall, "
-                 "%.2f once running; GPU busy %s", runs[-1]["actors"], runs[-1]["images"], runs[-1]["seconds"],
-                 runs[-1]["startup_seconds"], runs[-1]["images_per_second"], runs[-1]["steady_images_per_second"],
-                 dash(runs[-1]["gpu_busy_share"]))
+                 "%.2f once running; GPU busy %s", r["actors"], r["images"], r["seconds"], r["startup_seconds"],
+                 r["images_per_second"], r["steady_images_per_second"], dash(r["gpu_busy_share"]))
     one = next((r for r in runs if r["actors"] == 1), None)
     for r in runs:  # each count's rate against that many times one actor's, measured in this run
         r["scaling"] = round(r["steady_images_per_second"] / (r["actors"] * one["steady_images_per_second"]), 3) \
@@ -161,16 +164,12 @@ def run(settings: Settings) -> None:
     reference, column = bench_rate(paths)
     first = runs[0]
     data = {
-        **{k: first[k] for k in ("images", "failed")}, "min_side": opts["min_side"],
-        "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")},
-        "large_width": opts["large_width"],
-        "files_written": opts["images"], "copies": copies,
+        **{k: v for k, v in first.items() if k not in ("gpus", "scaling")},  # the headline: the first count's run
+        "min_side": opts["min_side"], "collection": {k: collection[k] for k in ("jpeg", "png", "large", "broken")},
+        "large_width": opts["large_width"], "files_written": opts["images"], "copies": copies,
         "prompt": opts["prompt"], "batch_size": opts["batch_size"],
-        **{k: first[k] for k in ("actors", "actor_cpus", "seconds", "startup_seconds", "startup", "images_per_second",
-                                 "steady_images_per_second")},
         "bench_16x1_images_per_second": reference, "bench_column": column,
         "share_of_bench": round(first["steady_images_per_second"] / reference, 3) if reference else None,
-        **{k: first[k] for k in ("gpu_busy_share", "gpu_busy_samples", "actor_calls_in_flight")},
         "runs": runs,
         "date": time.strftime("%Y-%m-%d"),
     }
