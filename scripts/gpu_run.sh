@@ -54,7 +54,7 @@ RAY_SITE=/tmp/sam3-ray-site RAY_PIECES=/tmp/sam3-ray-pieces
 # imports took 3.9 s on an H100 box, 1.2 s on this project's 2 CPUs). Tried once per machine, where torch has none.
 machine_bytecode() {
     local site marker=/tmp/sam3-machine-bytecode
-    [[ -e $marker ]] && return 0
+    [[ -e $marker ]] && { cat "$marker" >&2; return 0; }  # what the first call of this machine found
     local find='import importlib.util as u, pathlib as p; print(p.Path(u.find_spec("torch").origin).parents[1])'
     site=$(python3 -c "$find") || return 0
     if ! compgen -G "$site/torch/__pycache__/__init__.*.pyc" > /dev/null; then
