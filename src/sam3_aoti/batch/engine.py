@@ -105,6 +105,10 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
+    from ..runtime.files import bytecode_advice
+
+    if advice := bytecode_advice("torch"):  # each model actor would pay it before its first batch
+        say(advice)
     check_request(prompts, boxes, threshold, boxes_on)  # one line now, not a trace from every actor
     if min(batch_size, part_images, 1 if actors is None else actors, 1 if actor_cpus is None else actor_cpus) < 1:
         raise ConfigError(f"batch size {batch_size}, images per part {part_images}, actors {actors} and CPUs per "

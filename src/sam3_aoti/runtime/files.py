@@ -87,3 +87,33 @@ def human_size(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def without_bytecode(module: str) -> Path | None:
+    """The folder of an installed `module` whose sources have no bytecode where Python writes none either
+    (PYTHONDONTWRITEBYTECODE, as some images set, or a folder it cannot write): every new process then compiles them
+    as it imports them. For torch on a GPU machine that was 3.2-3.6 s an import against 1.4-1.7 s with its bytecode
+    (benchmarks/h100-2026-12-07-bytecode/), paid by each stage and each Ray worker. None where the bytecode is there
+    or the first import writes it; `module` is found, not imported."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not (spec.origin or "").endswith(".py"):
+        return None
+    if os.path.exists(importlib.util.cache_from_source(spec.origin)):
+        return None
+    folder = Path(spec.origin).parent
+    cache = folder / "__pycache__"
+    if not sys.dont_write_bytecode and os.access(cache if cache.exists() else folder, os.W_OK):
+        return None
+    return folder
+
+
+def bytecode_advice(module: str) -> str | None:
+    """One line for a user whose `module` is compiled by every process (`without_bytecode`), with the fix."""
+    folder = without_bytecode(module)
+    if folder is None:
+        return None
+    return (f"{module} in {folder} has no bytecode and Python writes none here: every process compiles it as it "
+            f"imports it (seconds each); compile it once: python -m compileall -q -j 0 {folder.parent}")

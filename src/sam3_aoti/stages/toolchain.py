@@ -15,7 +15,7 @@ import os
 
 from ..pipeline.paths import ToolchainPaths, portable
 from ..pipeline.settings import Settings
-from ..runtime.files import write_text_atomic
+from ..runtime.files import bytecode_advice, write_text_atomic
 from ..toolchain.cuda_env import write_env_file
 from ..toolchain.facts import build_facts, gather
 
@@ -32,6 +32,10 @@ def run(settings: Settings) -> dict:
                  toolkit["why"])
     if report.get("fix"):
         log.info("fix '%s' (recorded in %s)", report["fix"], paths.env_file)
+    advice = bytecode_advice("torch")
+    if advice:  # every stage's process would pay it
+        log.warning("%s", advice)
+    report["torch_bytecode"] = advice or "present, or written by the first import"
     report["verdict"] = "facts gathered; the AOTI probe runs before the first compile (artifacts/toolchain/probe.json)"
     write_env_file(paths.env_file, env_values, build_facts(report))
     write_report(settings, report)
