@@ -1,5 +1,5 @@
 """A module whose sources have no bytecode where Python writes none (PYTHONDONTWRITEBYTECODE, as some GPU images
-set) is compiled by every process that imports it: torch took 3.2-3.6 s an import so on an H100 machine, 1.4-1.7 s
+set) is compiled by every process that imports it: on an H100 machine so, torch took 3.2-3.6 s an import, 1.4-1.7 s
 with its bytecode (benchmarks/h100-2026-12-07-bytecode/). The build and segment say so in one line, with the fix."""
 
 import compileall
