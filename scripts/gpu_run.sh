@@ -49,19 +49,20 @@ nvvm=$(joined /tmp/sam3-nvvm-pieces .cuda-whl/nvvm/*/*)
 RAY_SITE=/tmp/sam3-ray-site RAY_PIECES=/tmp/sam3-ray-pieces
 [[ -n $(joined "$RAY_PIECES" .whl-ray/*/*) ]] && install "$RAY_SITE" "$RAY_PIECES"/*.whl
 # The machine's own packages (its torch first of all) with their bytecode, as an install has it on a user's box (pip
-# and uv compile it there: pyproject's compile-bytecode). The image sets PYTHONDONTWRITEBYTECODE=1; where its packages
-# came without __pycache__, every process that imports torch compiles torch's sources again (a segment actor's
-# imports took 3.9 s on an H100 box, 1.2 s on this project's 2 CPUs). Tried once per machine, where torch has none.
+# and uv compile it there: pyproject's compile-bytecode). The image sets PYTHONDONTWRITEBYTECODE=1 over a torch without
+# __pycache__, so every process that imports torch compiled its sources again (3.2-3.6 s an import on an H100 machine,
+# 1.4-1.7 s compiled: benchmarks/h100-2026-12-07-bytecode/). Checked once per machine, as segment and the toolchain
+# stage check it (sam3_aoti.runtime.files.without_bytecode).
 machine_bytecode() {
-    local site marker=/tmp/sam3-machine-bytecode
+    local torch marker=/tmp/sam3-machine-bytecode
     [[ -e $marker ]] && { cat "$marker" >&2; return 0; }  # what the first call of this machine found
-    local find='import importlib.util as u, pathlib as p; print(p.Path(u.find_spec("torch").origin).parents[1])'
-    site=$(python3 -c "$find") || return 0
-    if ! compgen -G "$site/torch/__pycache__/__init__.*.pyc" > /dev/null; then
-        local t0=$SECONDS
+    local find='from sam3_aoti.runtime.files import without_bytecode as w; print(w("torch") or "")'
+    torch=$(PYTHONPATH=src python3 -c "$find") || return 0
+    if [[ -n $torch ]]; then
+        local site=${torch%/torch} t0=$SECONDS
         python3 -m compileall -q -j 0 "$site" > /dev/null 2>&1 || true  # a file of a package's tests may not compile
         echo "the machine's packages in $site had no bytecode: compiled in $((SECONDS - t0)) s" | tee "$marker" >&2
-    else echo "the machine's packages in $site have their bytecode" > "$marker"
+    else echo "the machine's torch has its bytecode (or its first import writes it)" > "$marker"
     fi
 }
 machine_bytecode
