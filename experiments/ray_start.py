@@ -3,8 +3,10 @@
 imports torch (as the model actor does) started at once or after the cluster's prestarted workers have come up,
 with and without Ray's `preload_python_modules`, Ray Data's first run against its second on the same cluster
 (a trivial model actor), and segment's pipeline from nothing with a model actor that imports torch and opens the
-GPU but loads no package: the floor of segment's start-up under the package's own load and first call. Each case in
-a fresh process; median of `--repeat` runs.
+GPU but loads no package: the floor of segment's start-up under the package's own load and first call. The
+pipeline also runs with each of two levers segment does not pull yet: torch imported by the workers Ray prestarts
+(`preload_python_modules`, so the model actor may find it imported), and Ray Data imported in a thread while
+`ray.init` waits for Ray's processes. Each case in a fresh process; median of `--repeat` runs.
 
 Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2 | --cpus 0 (all of them)] [--gpu]
 """
@@ -20,6 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+PIPELINES = {  # segment's pipeline, as segment runs it and with each lever
+    "pipeline": {},
+    "pipeline, torch preloaded in workers": {"preload": True},
+    "pipeline, Ray Data imported beside ray.init": {"data_beside": True},
+}
 CASES = {
     "actor importing torch, at once": {"sleep": 0, "preload": False},
     "actor importing torch, 3 s after ray.init": {"sleep": 3, "preload": False},
@@ -87,16 +94,24 @@ def data_runs(cpus: int) -> dict:
     return {"first_run_first_batch_s": firsts[0], "second_run_first_batch_s": firsts[1]}
 
 
-def pipeline(cpus: int, gpu: bool) -> dict:
+def pipeline(cpus: int, gpu: bool, preload: bool = False, data_beside: bool = False) -> dict:
     """In this process, as `segment` runs (batch/engine.py): a local Ray's start, then its pipeline (a CPU map of 4
     rows a task, a pool of one model actor holding the GPU when `gpu`, a CPU map after it) to the first batch. The
     actor imports torch and opens a CUDA context (no package, no model): what segment's start-up is before the
-    package's load and first call."""
+    package's load and first call. `preload`: Ray's prestarted workers import torch; `data_beside`: Ray Data is
+    imported in a thread while `ray.init` runs."""
+    import threading
+
     import ray
 
     t0 = time.perf_counter()
-    start_ray(cpus)
+    beside = threading.Thread(target=lambda: __import__("ray.data"))
+    if data_beside:
+        beside.start()
+    start_ray(cpus, **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
     t1 = time.perf_counter()
+    if data_beside:
+        beside.join()
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -138,8 +153,8 @@ def main() -> None:
     if args.case:
         if args.case == "data":
             result = data_runs(args.cpus)
-        elif args.case == "pipeline":
-            result = pipeline(args.cpus, args.gpu)
+        elif args.case in PIPELINES:
+            result = pipeline(args.cpus, args.gpu, **PIPELINES[args.case])
         else:
             result = one_case(**CASES[args.case], cpus=args.cpus)
         print(json.dumps(result))
@@ -147,7 +162,7 @@ def main() -> None:
     # as segment starts Ray (batch/engine.py)
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     results = {}
-    for case in ["pipeline", *CASES, "data"]:
+    for case in [*PIPELINES, *CASES, "data"]:
         command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus), *(["--gpu"] if args.gpu else [])]
         runs = [json.loads(subprocess.run(command, env=env, capture_output=True, text=True, check=True,
                                           timeout=300).stdout.splitlines()[-1]) for _ in range(args.repeat)]

@@ -9,7 +9,8 @@
 #          cuBLAS's GEMM and Inductor's rotation) and experiments/fp8_qkv_rope_launches.py (its kernel's launch shapes)
 #   raystart: no build, after segment's figures, alone: experiments/ray_start.py --gpu on all the machine's CPUs (a local
 #          Ray's start, and segment's pipeline to its first batch with a model actor that imports torch and opens the
-#          GPU but loads no package: segment's start-up under the package's own). Needs Ray (.whl-ray/a and b)
+#          GPU but loads no package: segment's start-up under the package's own; again with torch preloaded in Ray's
+#          workers, and with Ray Data imported beside ray.init). Needs Ray (.whl-ray/a and b)
 #   bf16:  full model, random weights: toolchain to verify, then bench (every column, kernel breakdown, load
 #          times), then parity with Meta's SAM3 under bf16 autocast
 #   fp32:  the same build in fp32, verify; parity with Meta's SAM3 in fp32
