@@ -151,7 +151,7 @@ def test_a_folder_gives_what_predict_gives_row_for_row_and_lists_bad_files(packa
     summary = summary_of(proc.stdout)
     assert summary["segmented"] == len(PHOTOS) and summary["failed"] == len(bad), summary
     startup = summary["startup"]  # where the time until the first results went, in order
-    assert list(startup) == ["listing_and_checks_s", "ray_start_s", "actors_and_first_batch_s"], startup
+    assert list(startup) == ["listing_and_checks_s", "ray_start_s", "ray_data_s", "actors_and_first_batch_s"], startup
     assert min(startup.values()) >= 0 and startup["ray_start_s"] > 0
     assert abs(sum(startup.values()) - summary["first_result_s"]) <= 0.05, summary
     assert summary["actor_calls_in_flight"] > 0, summary  # the actor's calls over the span after the first results

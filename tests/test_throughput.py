@@ -139,7 +139,8 @@ def test_the_stage_runs_each_actor_count_and_sets_each_against_one_actor(tmp_pat
     def segment(collection, output, prompts, package, *, batch_size, actors, actor_cpus):
         seen.append((sorted(p.name for p in Path(collection).iterdir() if p.suffix != ".json"), actors))
         return {"actors": actors, "actor_cpus": 1, "segmented": 6, "failed": 1, "seconds": 3.0, "first_result_s": 1.0,
-                "startup": {"listing_and_checks_s": 0.1, "ray_start_s": 0.4, "actors_and_first_batch_s": 0.5},
+                "startup": {"listing_and_checks_s": 0.1, "ray_start_s": 0.4, "ray_data_s": 0.2,
+                            "actors_and_first_batch_s": 0.3},
                 "images_per_second": 2.0, "steady_images_per_second": {1: 3.0, 2: 5.7}[actors],
                 "actor_calls_in_flight": 0.9}
 
@@ -152,4 +153,5 @@ def test_the_stage_runs_each_actor_count_and_sets_each_against_one_actor(tmp_pat
     assert data["actors"] == 1 and data["steady_images_per_second"] == 3.0  # the headline: one actor's
     report = (tmp_path / "artifacts" / "tiny-fp32-cpu" / "throughput" / "throughput.md").read_text()
     assert "| 2 | 6 | 3.0 (1.0) | 2.00 | 5.70 |" in report and "95%" in report
-    assert "Start-up with 2 model actor(s), s: listing and checks 0.1, ray start 0.4" in report
+    assert ("Start-up with 2 model actor(s), s: listing and checks 0.1, ray start 0.4, ray data 0.2, actors and first "
+            "batch 0.3.") in report
