@@ -160,7 +160,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     # as segment starts Ray (batch/engine.py)
-    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    from sam3_aoti.batch.engine import LOCAL_RAY_ENV
+
+    env = {**LOCAL_RAY_ENV, **os.environ}
     results = {}
     for case in [*PIPELINES, *CASES, "data"]:
         command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus), *(["--gpu"] if args.gpu else [])]

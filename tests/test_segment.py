@@ -518,6 +518,20 @@ def test_a_ray_segment_starts_runs_as_this_interpreter_and_sends_no_usage_statis
     assert os.environ["RAY_USAGE_STATS_ENABLED"] == "1"
 
 
+@pytest.mark.slow  # a process of its own
+def test_the_local_rays_connect_settings_are_ones_ray_reads():
+    """A misspelt Ray setting is ignored without a word: a process with segment's settings for its own Ray sees
+    them in Ray's config (1000 ms and 10 tries without them)."""
+    from sam3_aoti.batch.engine import LOCAL_RAY_ENV
+
+    code = ("import ray._raylet as r; c = r.Config; "
+            "print(c.raylet_client_connect_timeout_milliseconds(), c.raylet_client_num_connect_attempts())")
+    seen = subprocess.run([sys.executable, "-c", code], env={**os.environ, **LOCAL_RAY_ENV}, capture_output=True,
+                          text=True, check=True, timeout=120).stdout.split()
+    assert seen == [LOCAL_RAY_ENV["RAY_raylet_client_connect_timeout_milliseconds"],
+                    LOCAL_RAY_ENV["RAY_raylet_client_num_connect_attempts"]], seen
+
+
 def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_path):
     import threading
 

@@ -22,6 +22,24 @@ from ..errors import ConfigError, PackageError, Sam3AotiError, first_line
 
 DECODE_BATCH = 4  # images a CPU task reads and decodes at once
 GPU_ACTOR_CPUS = 4  # the most CPUs a GPU actor holds (a quarter of the cluster's CPUs per actor at most)
+# The environment of a Ray that segment starts (set before Ray is imported: it reads them once), each unless set:
+LOCAL_RAY_ENV = {
+    # Under `uv run`, Ray would zip the working directory and start every worker with `uv run` in the copy: a venv of
+    # its own (6 GB, ~15 s of CPU a worker), or with --no-sync no Ray at all and a run that hangs. The workers of a
+    # Ray on this machine run this interpreter as it is.
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    # Nor usage statistics: an offline GPU box has no one to send them to, and Ray Data's collection of them (a
+    # driver thread polling every 10 s, a call to its actor as a run ends) calls into Ray after the last batch, where
+    # a call after ray.shutdown ends the process with exit 1 (a likely cause of one such exit in CI, after every row
+    # was written).
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray's processes connect to a local socket by trying, then sleeping a whole second before the next try. The
+    # raylet's first try at its own object store's socket, made as the store starts, loses that race on most starts:
+    # ray.init took 3.4 s where 2.4 would do (benchmarks/cpu-2026-12-07-ray-connect/). The same 10 s in all, in
+    # tenths of a second.
+    "RAY_raylet_client_connect_timeout_milliseconds": "100",
+    "RAY_raylet_client_num_connect_attempts": "100",
+}
 
 
 def batch_extra(module: str):
@@ -93,16 +111,9 @@ def segment(collection: str, output: Path, prompts: list[str], package: str | No
 
     from ..runtime.inference import check_request
 
-    if ray_address is None:  # before Ray is imported (it reads the switch once), for the Ray this run starts
-        # Under `uv run`, Ray would zip the working directory and start every worker with `uv run` in the copy: a
-        # venv of its own (6 GB, ~15 s of CPU a worker), or with --no-sync no Ray at all and a run that hangs. The
-        # workers of a Ray on this machine run this interpreter as it is.
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # Nor usage statistics: an offline GPU box has no one to send them to, and Ray Data's collection of them (a
-        # driver thread polling every 10 s, a call to its actor as a run ends) calls into Ray after the last batch,
-        # where a call after ray.shutdown ends the process with exit 1 (a likely cause of one such exit in CI, after
-        # every row was written).
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray_address is None:  # the Ray this run starts
+        for name, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(name, value)
     for module in ("ray", "pyarrow", "pycocotools"):
         batch_extra(module)
     from ..runtime.files import bytecode_advice
