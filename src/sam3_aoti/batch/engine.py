@@ -34,9 +34,9 @@ LOCAL_RAY_ENV = {
     # was written).
     "RAY_USAGE_STATS_ENABLED": "0",
     # Ray's processes connect to a local socket by trying, then sleeping a whole second before the next try. The
-    # raylet's first try at its own object store's socket, made as the store starts, loses that race on most starts:
-    # ray.init took 3.4 s where 2.4 would do (benchmarks/cpu-2026-12-07-ray-connect/). The same 10 s in all, in
-    # tenths of a second.
+    # raylet's first try at its own object store's socket, made as the store starts, loses that race in about half
+    # the starts, and ray.init then takes 3.4 s where 2.4 would do (benchmarks/cpu-2026-12-07-ray-connect/). The
+    # same 10 s in all, in tenths of a second.
     "RAY_raylet_client_connect_timeout_milliseconds": "100",
     "RAY_raylet_client_num_connect_attempts": "100",
 }
