@@ -105,12 +105,12 @@ def pipeline(cpus: int, gpu: bool, preload: bool = False, data_beside: bool = Fa
     import ray
 
     t0 = time.perf_counter()
-    beside = threading.Thread(target=lambda: __import__("ray.data"))
-    if data_beside:
+    beside = threading.Thread(target=lambda: __import__("ray.data")) if data_beside else None
+    if beside:
         beside.start()
     start_ray(cpus, **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
     t1 = time.perf_counter()
-    if data_beside:
+    if beside:
         beside.join()
     import ray.data
 
