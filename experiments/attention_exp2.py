@@ -1,8 +1,10 @@
-"""Where the op `sam3_aoti::attention` (runtime/attention.py) spends its exps: the SFU's exp2 for every score (today),
-a share of each key step's exps emulated on the FMA units (FlashAttention-4's trick: `EMULATED_N` more keys a step,
-`runtime.attention._exp2_emulated`), and the SFU's packed bf16x2 exp2 (two a register, if sm_90 has it at twice the
-rate). At head dim 32 (the DETR encoder) a score is 128 tensor FLOPs and one exp, so the SFU's 16 exps a clock per
-SM are the floor; at 64 (the ViT) the two are about even.
+"""What the op `sam3_aoti::attention` (runtime/attention.py) spends on each score beside its two dots, variant by
+variant: the key masks (today's kernel masks every key and selects -inf per score, though SAM3's 5,184 and 576 keys
+fill every step: `EVEN` drops both), the rescale of the accumulator at every key step (`LAZY`: only when some row's
+max grows by 8 in log2 units, FlashAttention-4's rule), the SFU's packed bf16x2 exp2 (two a register), and a share of
+each step's exps emulated on the FMA units (FlashAttention-4's trick: `EMULATED_N` more keys a step,
+`runtime.attention._exp2_emulated`). At head dim 32 (the DETR encoder) a score is 128 tensor FLOPs and one exp on
+the SFU's 16 a clock per SM; at 64 (the ViT) the two are about even.
 
 Shapes, bf16 in the projections' layouts: the DETR encoder's self-attention (5,184 tokens, 8 heads x 32) at 1 and
 16 pairs; the ViT's windowed (9 windows of 576 tokens an image) and global (5,184) attentions, 16 heads x 64, at 1
@@ -27,11 +29,21 @@ from sam3_aoti.runtime.attention import CONFIG, launch_attention
 # name: (sequences per image or pair, tokens, heads, head dim, today's CONFIG kind)
 SHAPES = {"DETR encoder": (1, 5184, 8, 32, "plain"), "ViT windowed": (9, 576, 16, 64, "wide"),
           "ViT global": (1, 5184, 16, 64, "long")}
-# (BLOCK_M, BLOCK_N, warps, stages, EMULATED_N), tried beside each shape's CONFIG
-VARIANTS = {32: [(64, 64, 4, 4, 16), (64, 64, 4, 4, 32), (64, 64, 4, 3, 64), (64, 32, 4, 4, 16),
-                 (64, 32, 4, 4, 32), (64, 128, 4, 3, 32), (128, 64, 8, 3, 32), (128, 64, 8, 3, 16)],
-            64: [(64, 64, 4, 3, 16), (64, 64, 4, 3, 32), (64, 32, 4, 3, 32), (128, 64, 8, 3, 16),
-                 (128, 64, 8, 3, 32), (128, 32, 8, 3, 32), (128, 128, 8, 3, 32)]}
+# (BLOCK_M, BLOCK_N, warps, stages, EMULATED_N) tried beside each shape's CONFIG, each even (no key masks) and lazy
+TILES = {32: [(64, 128, 4, 3, 0), (64, 64, 4, 4, 16), (64, 128, 4, 3, 32)],
+         64: [(64, 64, 4, 3, 0), (128, 128, 8, 3, 0), (64, 32, 4, 3, 32), (128, 64, 8, 3, 16)]}
+
+
+def variants(kind: str, dim: int) -> dict:
+    """label -> launch_attention's keywords (None: cuDNN's SDPA)."""
+    today = CONFIG[kind]
+    out = {"cuDNN SDPA": None, "today (masked keys)": dict(config=today, even=False),
+           "even": dict(config=today), "even, lazy": dict(config=today, lazy=True),
+           "even, packed": dict(config=today, packed=True), "even, lazy, packed": dict(config=today, lazy=True,
+                                                                                       packed=True)}
+    for tile in TILES[dim]:
+        out["even, lazy " + "x".join(map(str, tile))] = dict(config=tile, lazy=True)
+    return out
 
 
 def projected(n: int, length: int, heads: int, dim: int) -> torch.Tensor:
@@ -63,18 +75,13 @@ def main() -> None:
             scale = dim ** -0.5
             want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale).transpose(1, 2)
             flop, exps = 4 * n * heads * tokens * tokens * dim, n * heads * tokens * tokens
-            variants = {"cuDNN SDPA": None, "SFU (CONFIG)": (CONFIG[kind], False),
-                        "packed bf16x2 (CONFIG)": (CONFIG[kind], True)}
-            variants.update({"emulated " + "x".join(map(str, c)): (c, False) for c in VARIANTS[dim]})
-            for label, variant in variants.items():
-                if variant is None:
+            for label, keywords in variants(kind, dim).items():
+                if keywords is None:
                     def run():
                         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                             return F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
                 else:
-                    config, packed = variant
-                    run = lambda config=config, packed=packed: launch_attention(q, k, v, scale, config=config,
-                                                                                packed=packed)
+                    run = lambda keywords=keywords: launch_attention(q, k, v, scale, **keywords)
                 row = {"shape": name, "count": count, "variant": label}
                 try:
                     err = float((run().float() - want).abs().max() / want.abs().max())

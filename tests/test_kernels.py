@@ -76,8 +76,17 @@ for n, h, lq, rows, side, d, config in [(2, 3, 37, 6, 8, 32, (16, 16, 4, 1)), (1
 for n, h, lq, lk, d, config in [(2, 3, 37, 40, 32, (16, 16, 4, 1, 16)), (1, 2, 40, 90, 16, (32, 32, 4, 1, 16)),
                                 (2, 1, 24, 96, 64, (16, 16, 4, 1, 32))]:
     q, k, v = (torch.randn(n, length, h, d).transpose(1, 2) for length in (lq, lk, lk))
-    torch.testing.assert_close(launch_attention(q, k, v, 0.3, config=config), reference(q, k, v, 0.3),
-                               atol=2e-4, rtol=2e-4)  # the cubic's 2.2e-4 relative, averaged over the keys
+    for lazy in (False, True):
+        torch.testing.assert_close(launch_attention(q, k, v, 0.3, config=config, lazy=lazy), reference(q, k, v, 0.3),
+                                   atol=2e-4, rtol=2e-4)  # the cubic's 2.2e-4 relative, averaged over the keys
+# the lazy rescale where row maxima keep growing past its threshold (keys scaled up along the sequence), keys that
+# fill every step (no masks) and that do not
+for lk, config in [(128, (16, 16, 4, 1)), (120, (16, 16, 4, 1)), (128, (16, 32, 4, 1, 16))]:
+    q, k, v = (torch.randn(1, length, 2, 32).transpose(1, 2) for length in (24, lk, lk))
+    k = k * torch.linspace(0.1, 12.0, lk)[:, None]
+    for lazy in (False, True):
+        torch.testing.assert_close(launch_attention(q, k, v, 0.3, config=config, lazy=lazy), reference(q, k, v, 0.3),
+                                   atol=2e-4, rtol=2e-4)
 """
 
 @pytest.mark.slow  # Triton's interpreter, in the process the three checks share
@@ -86,8 +95,8 @@ def test_the_attention_kernel_is_sdpa_in_tritons_interpreter(interpreted):
     """The Triton kernel of the op `sam3_aoti::attention`, run by Triton's CPU interpreter, is SDPA on strided
     `[B, H, L, D]` views, with a grid bias from a non-square pair of tables (for every query, or for all but the
     first, as the decoder's presence token has it) and without one, for key lengths
-    that are and are not a multiple of the key block, and with a share of the exps emulated on the FMA units (fp32:
-    tests/test_gpu.py checks bf16 on CUDA)."""
+    that are and are not a multiple of the key block, with a share of the exps emulated on the FMA units, and with
+    the lazy rescale where row maxima grow along the keys (fp32: tests/test_gpu.py checks bf16 on CUDA)."""
     assert interpreted["attention"] == "ok", interpreted["attention"]
 
 FP8_LINEAR_KERNEL_CHECK = """

@@ -135,7 +135,7 @@ if triton is not None:
                           K_LEN: tl.constexpr, SIDE: tl.constexpr, QK_SCALE: tl.constexpr, BIAS_SCALE: tl.constexpr,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BIASED: tl.constexpr, CELL: tl.constexpr, EMULATED_N: tl.constexpr,
-                          PACKED: tl.constexpr):
+                          PACKED: tl.constexpr, EVEN: tl.constexpr, LAZY: tl.constexpr):
         pair_head = tl.program_id(1)
         b, h = (pair_head // heads).to(tl.int64), pair_head % heads
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -170,37 +170,56 @@ if triton is not None:
             else:
                 cols = block * step + tl.arange(0, BLOCK_N)
                 col_live = cols < K_LEN
-            k = tl.load(k_base + cols[None, :] * k_n + d[:, None], mask=col_live[None, :], other=0.0)
-            v = tl.load(v_base + cols[:, None] * v_n + d[None, :], mask=col_live[:, None], other=0.0)
+            if EVEN:  # every key live: no masks, no -inf select per score
+                k = tl.load(k_base + cols[None, :] * k_n + d[:, None])
+                v = tl.load(v_base + cols[:, None] * v_n + d[None, :])
+            else:
+                k = tl.load(k_base + cols[None, :] * k_n + d[:, None], mask=col_live[None, :], other=0.0)
+                v = tl.load(v_base + cols[:, None] * v_n + d[None, :], mask=col_live[:, None], other=0.0)
             s = tl.dot(q, k)
             if BIASED:  # the bias in units of the raw dot, which QK_SCALE takes to log2 units with it
                 table_live = table_row_live[:, None] & ((c >= CELL) | (y0 + c < grid_rows))[None, :]
                 offsets = tl.where(c < CELL, y0, x0)
                 tables = tl.load(table_ptrs + offsets[None, :], mask=table_live, other=0.0) * BIAS_SCALE
                 s = tl.dot(tables, onehot, s, input_precision="tf32")
-            s = tl.where(col_live[None, :], s, float("-inf"))
+            if not EVEN:
+                s = tl.where(col_live[None, :], s, float("-inf"))
             s_max = tl.max(s, 1)
             if EMULATED_N > 0:
                 cols_e = block * step + BLOCK_N + tl.arange(0, EMULATED_N)
-                live_e = cols_e < K_LEN
-                k_e = tl.load(k_base + cols_e[None, :] * k_n + d[:, None], mask=live_e[None, :], other=0.0)
-                v_e = tl.load(v_base + cols_e[:, None] * v_n + d[None, :], mask=live_e[:, None], other=0.0)
-                s_e = tl.where(live_e[None, :], tl.dot(q, k_e), float("-inf"))
+                if EVEN:
+                    k_e = tl.load(k_base + cols_e[None, :] * k_n + d[:, None])
+                    v_e = tl.load(v_base + cols_e[:, None] * v_n + d[None, :])
+                    s_e = tl.dot(q, k_e)
+                else:
+                    live_e = cols_e < K_LEN
+                    k_e = tl.load(k_base + cols_e[None, :] * k_n + d[:, None], mask=live_e[None, :], other=0.0)
+                    v_e = tl.load(v_base + cols_e[:, None] * v_n + d[None, :], mask=live_e[:, None], other=0.0)
+                    s_e = tl.where(live_e[None, :], tl.dot(q, k_e), float("-inf"))
                 s_max = tl.maximum(s_max, tl.max(s_e, 1))
             m_new = tl.maximum(m_i, s_max * QK_SCALE)  # log2 units: softmax(x) = exp2(x log2 e) / sum
-            alpha = tl.math.exp2(m_i - m_new)
-            if PACKED:
-                p = _exp2_packed(s * QK_SCALE - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
+            if LAZY:  # the max the sums are relative to moves only when some row's grows by 8 (p <= 2^8)
+                if tl.max(m_new - m_i, 0) > 8.0:
+                    alpha = tl.math.exp2(m_i - m_new)
+                    acc = acc * alpha[:, None]
+                    l_i = l_i * alpha
+                    m_i = m_new
             else:
-                p = tl.math.exp2(s * QK_SCALE - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                alpha = tl.math.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            if PACKED:
+                p = _exp2_packed(s * QK_SCALE - m_i[:, None])
+                l_i += tl.sum(p.to(tl.float32), 1)
+            else:
+                p = tl.math.exp2(s * QK_SCALE - m_i[:, None])
+                l_i += tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc)
             if EMULATED_N > 0:
-                p_e = _exp2_emulated(s_e * QK_SCALE - m_new[:, None])
+                p_e = _exp2_emulated(s_e * QK_SCALE - m_i[:, None])
                 l_i += tl.sum(p_e, 1)
                 acc = tl.dot(p_e.to(v.dtype), v_e, acc)
-            m_i = m_new
         out = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
         out_rows = (b * q_len + rows) * (heads * HEAD_DIM) + h * HEAD_DIM  # [B, Lq, H, D]
         tl.store(out_ptr + out_rows[:, None] + d[None, :], out, mask=row_live[:, None])
@@ -213,7 +232,7 @@ if triton is not None:
         return table if evenly and table.dtype == torch.float32 else table.float().contiguous()
 
     def launch_attention(query, key, value, scale, bias_y=None, bias_x=None, config=None, packed=False,
-                         wrap=lambda kernel: kernel) -> torch.Tensor:
+                         lazy=False, even=True, wrap=lambda kernel: kernel) -> torch.Tensor:
         """Run the kernel on `[B, H, L, D]` views (last stride 1) and fp32 per-axis tables (`[B, H, T, rows]`,
         `[B, H, T, side]` for the last T <= Lq queries, their last stride 1, e.g. the two halves of one table),
         or none; `config` overrides `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages, EMULATED_N; a biased launch
@@ -243,5 +262,6 @@ if triton is not None:
             value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len, table_len,
             K_LEN=k_len, SIDE=side, QK_SCALE=scale * math.log2(math.e), BIAS_SCALE=1.0 / scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=biased, CELL=GRID_CELL,
-            EMULATED_N=emulated, PACKED=packed, num_warps=warps, num_stages=stages)
+            EMULATED_N=emulated, PACKED=packed, EVEN=even and not biased and k_len % (block_n + emulated) == 0,
+            LAZY=lazy, num_warps=warps, num_stages=stages)
         return out
