@@ -32,12 +32,10 @@ try:
 except ImportError:  # a CPU-only torch: the op runs SDPA
     triton = None
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, EMULATED_N), as experiments/attention_kernel.py measured them on the
-# H200 (the DETR's head dim 32) and experiments/vit_attention.py on an H100 (the ViT's head dim 64: its windows of
-# 576 tokens, and its global blocks of 5,184, "long"); a biased key block is GRID_CELL x GRID_CELL grid cells
-# (BLOCK_N = 64). EMULATED_N more keys a step have their exps computed on the FMA units (experiments/attention_exp2.py)
-CONFIG = {"plain": (64, 64, 4, 4, 0), "biased": (64, 64, 4, 3, 0), "wide": (64, 64, 4, 3, 0),
-          "long": (128, 64, 8, 3, 0)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), as experiments/attention_kernel.py measured them on the H200 (the DETR's
+# head dim 32) and experiments/vit_attention.py on an H100 (the ViT's head dim 64: its windows of 576 tokens, and
+# its global blocks of 5,184, "long"); a biased key block is GRID_CELL x GRID_CELL grid cells (BLOCK_N = 64)
+CONFIG = {"plain": (64, 64, 4, 4), "biased": (64, 64, 4, 3), "wide": (64, 64, 4, 3), "long": (128, 64, 8, 3)}
 LONG = 2048  # keys from which a head dim of 64 takes the "long" tiles
 GRID_CELL = 8
 MASK_ROW_ALIGN = 8  # elements: the memory-efficient kernel's bias alignment (aten attention.cpp preprocess_mask)
@@ -91,51 +89,14 @@ def attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# 2^f on [-1/2, 1/2] as c0 + f (c1 + f (c2 + f c3)), within 2.2e-4 relative (a weighted least-squares fit on
-# Chebyshev nodes; bf16's rounding of the probabilities is 3.9e-3): FlashAttention-4's emulated exp2
-EXP2_POLY = (0.9999627470970154, 0.6935868263244629, 0.242152139544487, 0.05286731570959091)
-ROUNDER = 12582912.0  # 1.5 * 2^23: x + ROUNDER holds round(x) in its low mantissa bits
-
-
-def exp2_emulated_reference(x: torch.Tensor) -> torch.Tensor:
-    """What the kernel's `_exp2_emulated` computes, in torch ops (fp32; tests hold it to exp2)."""
-    x = x.float().clamp(min=-126.0)
-    rounded = x + ROUNDER
-    f = x - (rounded - ROUNDER)
-    c0, c1, c2, c3 = EXP2_POLY
-    poly = c0 + f * (c1 + f * (c2 + f * c3))
-    return (poly.view(torch.int32) + (rounded.view(torch.int32) << 23)).view(torch.float32)
-
-
 if triton is not None:
-    _C0, _C1, _C2, _C3 = (tl.constexpr(c) for c in EXP2_POLY)
-    _ROUNDER = tl.constexpr(ROUNDER)
-
-    @triton.jit
-    def _exp2_emulated(x):
-        """exp2 of x <= 0 on the FMA units, not the SFU: round(x) into the exponent, a cubic for the rest. At head
-        dim 32 the SFU's exp2 is the kernel's floor (16 a clock per SM against 128 FMAs); this moves a share of
-        the scores' exps to the FMA units that wait beside it. exp2(-inf) comes out 2^-126, not 0."""
-        x = tl.maximum(x, -126.0)
-        rounded = x + _ROUNDER
-        f = x - (rounded - _ROUNDER)
-        poly = _C0 + f * (_C1 + f * (_C2 + f * _C3))
-        return (poly.to(tl.int32, bitcast=True) + (rounded.to(tl.int32, bitcast=True) << 23)).to(
-            tl.float32, bitcast=True)
-
-    @triton.jit
-    def _exp2_packed(x):
-        """exp2 as bf16, two a register through the SFU's packed `ex2.approx.ftz.bf16x2` (sm_90)."""
-        return tl.inline_asm_elementwise("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
-                                         dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
     def _attention_kernel(q_ptr, k_ptr, v_ptr, by_ptr, bx_ptr, out_ptr,
                           q_b, q_h, q_m, k_b, k_h, k_n, v_b, v_h, v_n, y_row, x_row, heads, q_len, table_len,
                           K_LEN: tl.constexpr, SIDE: tl.constexpr, QK_SCALE: tl.constexpr, BIAS_SCALE: tl.constexpr,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BIASED: tl.constexpr, CELL: tl.constexpr, EMULATED_N: tl.constexpr,
-                          PACKED: tl.constexpr, EVEN: tl.constexpr, LAZY: tl.constexpr):
+                          BIASED: tl.constexpr, CELL: tl.constexpr):
         pair_head = tl.program_id(1)
         b, h = (pair_head // heads).to(tl.int64), pair_head % heads
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -155,9 +116,8 @@ if triton is not None:
             table_ptrs = tl.where(c[None, :] < CELL, by_ptr + (table * y_row)[:, None] + c[None, :],
                                   bx_ptr + (table * x_row)[:, None] + (c - CELL)[None, :])
             blocks: tl.constexpr = tl.cdiv(grid_rows, CELL) * (SIDE // CELL)
-        else:  # a step is BLOCK_N keys whose exps the SFU takes, then EMULATED_N whose exps the FMA units take
-            step: tl.constexpr = BLOCK_N + EMULATED_N
-            blocks: tl.constexpr = tl.cdiv(K_LEN, step)
+        else:
+            blocks: tl.constexpr = tl.cdiv(K_LEN, BLOCK_N)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -168,58 +128,23 @@ if triton is not None:
                 cols = ys * SIDE + x0 + u % CELL
                 col_live = ys < grid_rows
             else:
-                cols = block * step + tl.arange(0, BLOCK_N)
+                cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
                 col_live = cols < K_LEN
-            if EVEN:  # every key live: no masks, no -inf select per score
-                k = tl.load(k_base + cols[None, :] * k_n + d[:, None])
-                v = tl.load(v_base + cols[:, None] * v_n + d[None, :])
-            else:
-                k = tl.load(k_base + cols[None, :] * k_n + d[:, None], mask=col_live[None, :], other=0.0)
-                v = tl.load(v_base + cols[:, None] * v_n + d[None, :], mask=col_live[:, None], other=0.0)
+            k = tl.load(k_base + cols[None, :] * k_n + d[:, None], mask=col_live[None, :], other=0.0)
+            v = tl.load(v_base + cols[:, None] * v_n + d[None, :], mask=col_live[:, None], other=0.0)
             s = tl.dot(q, k)
             if BIASED:  # the bias in units of the raw dot, which QK_SCALE takes to log2 units with it
                 table_live = table_row_live[:, None] & ((c >= CELL) | (y0 + c < grid_rows))[None, :]
                 offsets = tl.where(c < CELL, y0, x0)
                 tables = tl.load(table_ptrs + offsets[None, :], mask=table_live, other=0.0) * BIAS_SCALE
                 s = tl.dot(tables, onehot, s, input_precision="tf32")
-            if not EVEN:
-                s = tl.where(col_live[None, :], s, float("-inf"))
-            s_max = tl.max(s, 1)
-            if EMULATED_N > 0:
-                cols_e = block * step + BLOCK_N + tl.arange(0, EMULATED_N)
-                if EVEN:
-                    k_e = tl.load(k_base + cols_e[None, :] * k_n + d[:, None])
-                    v_e = tl.load(v_base + cols_e[:, None] * v_n + d[None, :])
-                    s_e = tl.dot(q, k_e)
-                else:
-                    live_e = cols_e < K_LEN
-                    k_e = tl.load(k_base + cols_e[None, :] * k_n + d[:, None], mask=live_e[None, :], other=0.0)
-                    v_e = tl.load(v_base + cols_e[:, None] * v_n + d[None, :], mask=live_e[:, None], other=0.0)
-                    s_e = tl.where(live_e[None, :], tl.dot(q, k_e), float("-inf"))
-                s_max = tl.maximum(s_max, tl.max(s_e, 1))
-            m_new = tl.maximum(m_i, s_max * QK_SCALE)  # log2 units: softmax(x) = exp2(x log2 e) / sum
-            if LAZY:  # the max the sums are relative to moves only when some row's grows by 8 (p <= 2^8)
-                if tl.max(m_new - m_i, 0) > 8.0:
-                    alpha = tl.math.exp2(m_i - m_new)
-                    acc = acc * alpha[:, None]
-                    l_i = l_i * alpha
-                    m_i = m_new
-            else:
-                alpha = tl.math.exp2(m_i - m_new)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            if PACKED:
-                p = _exp2_packed(s * QK_SCALE - m_i[:, None])
-                l_i += tl.sum(p.to(tl.float32), 1)
-            else:
-                p = tl.math.exp2(s * QK_SCALE - m_i[:, None])
-                l_i += tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            if EMULATED_N > 0:
-                p_e = _exp2_emulated(s_e * QK_SCALE - m_i[:, None])
-                l_i += tl.sum(p_e, 1)
-                acc = tl.dot(p_e.to(v.dtype), v_e, acc)
+            s = tl.where(col_live[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)  # log2 units: softmax(x) = exp2(x log2 e) / sum
+            p = tl.math.exp2(s * QK_SCALE - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
         out = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
         out_rows = (b * q_len + rows) * (heads * HEAD_DIM) + h * HEAD_DIM  # [B, Lq, H, D]
         tl.store(out_ptr + out_rows[:, None] + d[None, :], out, mask=row_live[:, None])
@@ -231,19 +156,18 @@ if triton is not None:
         evenly = table.stride(3) == 1 and table.stride(1) == q * row and table.stride(0) == h * q * row
         return table if evenly and table.dtype == torch.float32 else table.float().contiguous()
 
-    def launch_attention(query, key, value, scale, bias_y=None, bias_x=None, config=None, packed=False,
-                         lazy=False, even=True, wrap=lambda kernel: kernel) -> torch.Tensor:
+    def launch_attention(query, key, value, scale, bias_y=None, bias_x=None, config=None,
+                         wrap=lambda kernel: kernel) -> torch.Tensor:
         """Run the kernel on `[B, H, L, D]` views (last stride 1) and fp32 per-axis tables (`[B, H, T, rows]`,
         `[B, H, T, side]` for the last T <= Lq queries, their last stride 1, e.g. the two halves of one table),
-        or none; `config` overrides `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages, EMULATED_N; a biased launch
-        emulates none). `packed` takes the SFU's exps two at a time in bf16 (CUDA, sm_90 on). `wrap` is
-        `wrap_triton` inside the op."""
+        or none; `config` overrides `CONFIG`'s (BLOCK_M, BLOCK_N, warps, stages). `wrap` is `wrap_triton` inside
+        the op."""
         batch, heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
         biased = bias_y is not None
         kind = "biased" if biased else "plain" if head_dim < 64 else "long" if k_len >= LONG else "wide"
-        block_m, block_n, warps, stages, emulated = (*(config or CONFIG[kind]), 0)[:5]
+        block_m, block_n, warps, stages = config or CONFIG[kind]
         if biased:
             bias_y, bias_x = tables_in_rows(bias_y), tables_in_rows(bias_x)
             side = bias_x.shape[-1]
@@ -251,7 +175,7 @@ if triton is not None:
             if bias_y.shape[-1] * side != k_len or side % GRID_CELL or not 0 < table_len <= q_len:
                 raise ValueError(f"grid bias {tuple(bias_y.shape)} + {tuple(bias_x.shape)}: want rows x side = "
                                  f"{k_len} keys, the side a multiple of {GRID_CELL} and 1 to {q_len} query rows")
-            block_n, table_rows, emulated = GRID_CELL * GRID_CELL, (bias_y.stride(2), bias_x.stride(2)), 0
+            block_n, table_rows = GRID_CELL * GRID_CELL, (bias_y.stride(2), bias_x.stride(2))
         else:
             bias_y = bias_x = query  # not read
             side, table_rows, table_len = 1, (0, 0), q_len
@@ -262,6 +186,5 @@ if triton is not None:
             value.stride(0), value.stride(1), value.stride(2), *table_rows, heads, q_len, table_len,
             K_LEN=k_len, SIDE=side, QK_SCALE=scale * math.log2(math.e), BIAS_SCALE=1.0 / scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BIASED=biased, CELL=GRID_CELL,
-            EMULATED_N=emulated, PACKED=packed, EVEN=even and not biased and k_len % (block_n + emulated) == 0,
-            LAZY=lazy, num_warps=warps, num_stages=stages)
+            num_warps=warps, num_stages=stages)
         return out
