@@ -1,9 +1,10 @@
 """Attention over SAM3's 72 x 72 image tokens at head dim 32 as one Triton flash-attention kernel: the op
 `sam3_aoti::attention`, for the DETR encoder's self-attention and the DETR decoder's box-biased cross-attention.
 
-At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU, so the exp is the floor,
-and SDPA's kernels, built for larger head dims, stay well above it (benchmarks/README.md;
-experiments/attention_kernel.py times this kernel against them).
+At head dim 32 a score costs 128 FLOPs on the tensor cores and one exp2 on the SFU; SDPA's kernels, built for
+larger head dims, stay well above this kernel (experiments/attention_kernel.py). What binds it is the issue of
+the other instructions per score, not the SFU: exps moved to the FMA units, packed bf16x2 exps, unmasked keys and
+a lazy rescale each made it slower (benchmarks/README.md, "The attention kernel's scores").
 
 The decoder's bias is a sum of two per-axis tables (`bias_y[.., i, y] + bias_x[.., i, x]` for key
 `j = y * side + x`, transformers' `_get_rpb_matrix`), which SDPA needs assembled as `[N, heads, Q, side * side]`
