@@ -6,7 +6,8 @@ with and without Ray's `preload_python_modules`, Ray Data's first run against it
 GPU but loads no package: the floor of segment's start-up under the package's own load and first call. The
 pipeline also runs with each of two levers segment does not pull yet: torch imported by the workers Ray prestarts
 (`preload_python_modules`, so the model actor may find it imported), and Ray Data imported in a thread while
-`ray.init` waits for Ray's processes. Each case in a fresh process; median of `--repeat` runs.
+`ray.init` waits for Ray's processes, and both. Each case in a fresh process, the cases in turn `--repeat` times;
+the median of each.
 
 Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2 | --cpus 0 (all of them)] [--gpu]
 """
@@ -26,6 +27,7 @@ PIPELINES = {  # segment's pipeline, as segment runs it and with each lever
     "pipeline": {},
     "pipeline, torch preloaded in workers": {"preload": True},
     "pipeline, Ray Data imported beside ray.init": {"data_beside": True},
+    "pipeline, both": {"preload": True, "data_beside": True},
 }
 CASES = {
     "actor importing torch, at once": {"sleep": 0, "preload": False},
@@ -163,13 +165,17 @@ def main() -> None:
     from sam3_aoti.batch.engine import LOCAL_RAY_ENV
 
     env = {**LOCAL_RAY_ENV, **os.environ}
-    results = {}
-    for case in [*PIPELINES, *CASES, "data"]:
-        command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus), *(["--gpu"] if args.gpu else [])]
-        runs = [json.loads(subprocess.run(command, env=env, capture_output=True, text=True, check=True,
-                                          timeout=300).stdout.splitlines()[-1]) for _ in range(args.repeat)]
-        results[case] = {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
-        print(case, results[case], flush=True)
+    cases = [*PIPELINES, *CASES, "data"]
+    runs = {case: [] for case in cases}
+    for _ in range(args.repeat):  # each case once in turn: the machine's drift falls on every case alike
+        for case in cases:
+            command = [sys.executable, __file__, "--case", case, "--cpus", str(args.cpus),
+                       *(["--gpu"] if args.gpu else [])]
+            runs[case].append(json.loads(subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+                                                         timeout=300).stdout.splitlines()[-1]))
+            print(case, runs[case][-1], flush=True)
+    results = {case: {key: round(statistics.median(run[key] for run in runs[case]), 2) for key in runs[case][0]}
+               for case in cases}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ray-start.json").write_text(json.dumps({"cpus": args.cpus or os.cpu_count(), "gpu": args.gpu,
