@@ -532,6 +532,51 @@ def test_the_local_rays_connect_settings_are_ones_ray_reads():
                     LOCAL_RAY_ENV["RAY_raylet_client_num_connect_attempts"]], seen
 
 
+@pytest.mark.slow  # a local Ray of its own
+def test_ray_data_imported_beside_rays_start_runs_a_pipeline():
+    """Where segment imports Ray Data in a thread while `ray.init` starts Ray (a machine of 8 CPUs and more, or a
+    cluster joined), both imports finish whole: the pipeline after them runs (forced here on any machine)."""
+    from sam3_aoti.batch.engine import LOCAL_RAY_ENV
+
+    code = ("import ray, sys; from sam3_aoti.batch.engine import start_ray; start_ray(ray, None, data_beside=True); "
+            "assert 'ray.data' in sys.modules; "
+            "rows = ray.data.range(8).map_batches(lambda b: {'id': b['id'] * 2}).take_all(); ray.shutdown(); "
+            "print(sorted(r['id'] for r in rows))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **LOCAL_RAY_ENV}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split("\n")[-2] == str(list(range(0, 16, 2))), out.stderr[-2000:]
+
+
+@pytest.mark.slow  # a local Ray of its own
+def test_a_local_rays_start_asks_for_its_raylet_once_it_has_registered():
+    """Ray's driver sleeps a whole second between asks for its raylet; segment's start polls GCS briskly first, so
+    Ray's own ask (spied on here) comes when the raylet is already alive, and Ray's function is put back after. If a
+    Ray release calls another function, the spy sees the raylet not yet alive (or no call) and this fails."""
+    from sam3_aoti.batch.engine import LOCAL_RAY_ENV
+
+    code = """
+import json, ray
+from ray._private import services, state
+from sam3_aoti.batch.engine import start_ray
+asks = []
+ray_own = services.get_node
+def spy(gcs_address, node_id):
+    nodes = state.GlobalState()
+    nodes._initialize_global_state(services._get_gcs_client_options(gcs_address))
+    asks.append(any(n["NodeID"] == node_id and n["Alive"] for n in nodes.node_table()))
+    return ray_own(gcs_address, node_id)
+services.get_node = spy
+start_ray(ray, None, data_beside=False)
+ray.shutdown()
+print(json.dumps({"alive_when_asked": asks, "put_back": services.get_node is spy}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **LOCAL_RAY_ENV}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {"alive_when_asked": [True], "put_back": True}, seen
+
+
 def test_a_fifo_or_a_folder_named_as_an_image_is_refused_without_blocking(tmp_path):
     import threading
 

@@ -22,6 +22,11 @@ from ..errors import ConfigError, PackageError, Sam3AotiError, first_line
 
 DECODE_BATCH = 4  # images a CPU task reads and decodes at once
 GPU_ACTOR_CPUS = 4  # the most CPUs a GPU actor holds (a quarter of the cluster's CPUs per actor at most)
+# Ray Data's import (half a second) beside a local Ray's start: on 16 cores the first batch came 0.5 s sooner, on 2
+# it came 0.6 s later, the import taking the CPU Ray's starting processes need (benchmarks/README.md, "segment's
+# start-up: Ray Data beside Ray's start"). Ray starts about six processes: from 8 CPUs on there is room for both.
+RAY_DATA_BESIDE_MIN_CPUS = 8
+RAYLET_POLL_S, RAYLET_WAIT_S = 0.05, 30.0  # how often a local Ray's start asks for its raylet, and for how long
 # The environment of a Ray that segment starts (set before Ray is imported: it reads them once), each unless set:
 LOCAL_RAY_ENV = {
     # Under `uv run`, Ray would zip the working directory and start every worker with `uv run` in the copy: a venv of
@@ -215,15 +220,74 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
 
     started_here = not ray.is_initialized()
     if started_here:
-        try:
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
-            raise ConfigError(f"cannot start or reach Ray{f' at {ray_address}' if ray_address else ''} "
-                              f"({first_line(e)})") from None
+        start_ray(ray, ray_address)
     ray_up_at = time.perf_counter()
     with stopped_by_signals(ray if started_here else None):
         ran = _run_with_ray(ray, todo, out, device, actors, actor_cpus, batch_size, segmenter)
     return {**ran, "ray_at": ray_at, "ray_up_at": ray_up_at}
+
+
+def start_ray(ray, address: str | None, data_beside: bool | None = None) -> None:
+    """`ray.init`, a local Ray or `address`'s cluster, with Ray Data imported in a thread meanwhile (`data_beside`;
+    default: when joining a cluster, or where this machine has RAY_DATA_BESIDE_MIN_CPUS CPUs for Ray's starting
+    processes and the import alike). The import follows Ray's start otherwise, on the path to the first results."""
+    import threading
+
+    if data_beside is None:
+        data_beside = address is not None or (os.cpu_count() or 1) >= RAY_DATA_BESIDE_MIN_CPUS
+    beside = threading.Thread(target=_import_quietly, args=("ray.data",), daemon=True) if data_beside else None
+    if beside:
+        beside.start()
+    try:
+        with raylet_awaited_briskly(local=address is None):
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
+        raise ConfigError(f"cannot start or reach Ray{f' at {address}' if address else ''} ({first_line(e)})") \
+            from None
+    finally:
+        if beside:
+            beside.join()
+
+
+@contextlib.contextmanager
+def raylet_awaited_briskly(local: bool):
+    """Within, a local Ray's start learns of its raylet within RAYLET_POLL_S of the raylet's registration. Ray's
+    driver asks GCS for its raylet 0.1 s after starting it, and on a miss sleeps a whole second before asking again
+    (`GlobalStateAccessor::GetNode`, a fixed second in Ray 2.60), while the raylet takes about a second to register
+    (it waits for its dashboard agent's start): up to a second lost, half of one on average. Ray's own call then
+    follows a cheap poll of GCS's node table, and finds its raylet at once. Where Ray's private names differ, Ray's
+    own wait stands."""
+    from ray._private import services, state
+
+    original = getattr(services, "get_node", None)
+    options = getattr(services, "_get_gcs_client_options", None)
+    if not local or original is None or options is None or not hasattr(state, "GlobalState"):
+        yield
+        return
+
+    def get_node(gcs_address, node_id):
+        with contextlib.suppress(Exception):  # whatever fails here, Ray's own call below waits and says why
+            nodes = state.GlobalState()
+            nodes._initialize_global_state(options(gcs_address))
+            deadline = time.monotonic() + RAYLET_WAIT_S
+            while time.monotonic() < deadline and not any(
+                    n.get("NodeID") == node_id and n.get("Alive") for n in nodes.node_table()):
+                time.sleep(RAYLET_POLL_S)
+        return original(gcs_address, node_id)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = original
+
+
+def _import_quietly(module: str) -> None:
+    """Import `module` for later; should it fail, the import where it is used says why."""
+    import importlib
+
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
 
 
 @contextlib.contextmanager
