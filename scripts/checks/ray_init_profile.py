@@ -1,6 +1,8 @@
 """Where a local Ray's start (`ray.init` as segment calls it, with segment's `LOCAL_RAY_ENV`) spends its time: the
 median over `--runs` fresh processes of ray.init's whole time and of its steps, from cProfile's cumulative times
-(the dashboard process it waits for, the raylet's registration it waits for, the driver's own connection).
+(the dashboard process it waits for, its asks for the raylet, which waits for its dashboard agent before it registers,
+the driver's own connection). Ray's own `ray.init`: segment's start (`batch.engine.start_ray`) asks for the raylet
+more often.
 
 Usage: uv run python scripts/checks/ray_init_profile.py [--runs 5] [--cpus 2] [--out DIR]
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 STEPS = {  # cProfile's (file suffix, function) -> what the step waits for
     ("services.py", "start_api_server"): "the dashboard process (started even with the dashboard off)",
-    ("services.py", "get_node"): "the raylet's registration (the raylet waits for its dashboard agent)",
+    ("services.py", "get_node"): "Ray's asks for its raylet, a second apart, until it has registered",
     ("worker.py", "connect"): "the driver's own connection",
     ("node.py", "start_gcs_server"): "the GCS",
 }
