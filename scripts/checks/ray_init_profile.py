@@ -37,7 +37,8 @@ ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, 
 profile.disable()
 total = time.perf_counter() - t0
 ray.shutdown()
-steps = {{f"{{file.rsplit('/', 1)[-1]}}:{{name}}": stat[3] for (file, line, name), stat in pstats.Stats(profile).stats.items()}}
+stats = pstats.Stats(profile).stats.items()
+steps = {{f"{{file.rsplit('/', 1)[-1]}}:{{name}}": stat[3] for (file, line, name), stat in stats}}
 print(json.dumps({{"ray_init_s": total, "steps": steps}}))
 """
 
