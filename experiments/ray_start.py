@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-PIPELINES = {  # segment's pipeline, as segment runs it and with each lever
+PIPELINES = {  # segment's pipeline with each lever (segment imports Ray Data beside ray.init from 8 CPUs on)
     "pipeline": {},
     "pipeline, torch preloaded in workers": {"preload": True},
     "pipeline, Ray Data imported beside ray.init": {"data_beside": True},
@@ -38,10 +38,14 @@ CASES = {
 
 
 def start_ray(cpus: int, **options):
-    """A local Ray as segment starts it (batch/engine.py), on `cpus` CPUs (0: all of them)."""
+    """A local Ray as segment starts it (batch/engine.py: its raylet asked for briskly), on `cpus` CPUs (0: all)."""
     import ray
 
-    ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False, **options)
+    from sam3_aoti.batch.engine import raylet_awaited_briskly
+
+    with raylet_awaited_briskly(local=True):
+        ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 **options)
 
 
 def one_case(sleep: float, preload: bool, cpus: int) -> dict:
