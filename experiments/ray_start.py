@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Where `segment`'s start-up goes before its own code runs (issue #49's 8 s): a local Ray's start, an actor that
-imports torch (as the model actor does) started at once or after the cluster's prestarted workers have come up,
-with and without Ray's `preload_python_modules`, Ray Data's first run against its second on the same cluster
-(a trivial model actor), and segment's pipeline from nothing with a model actor that imports torch and opens the
-GPU but loads no package: the floor of segment's start-up under the package's own load and first call. The
-pipeline also runs with each of two levers segment does not pull yet: torch imported by the workers Ray prestarts
-(`preload_python_modules`, so the model actor may find it imported), and Ray Data imported in a thread while
-`ray.init` waits for Ray's processes, and both. Each case in a fresh process, the cases in turn `--repeat` times;
-the median of each.
+imports torch (as the model actor does) started at once or after the cluster's prestarted workers have come up, with
+and without Ray's `preload_python_modules`, Ray Data's first run against its second on the same cluster (a trivial
+model actor), and segment's pipeline from nothing with a model actor that imports torch and opens the GPU but loads
+no package: the floor of segment's start-up under the package's own load and first call. The pipeline also runs with
+each of two levers: torch imported by the workers Ray prestarts (`preload_python_modules`, so the model actor may
+find it imported; segment does not), and Ray Data imported in a thread while `ray.init` waits for Ray's processes
+(segment does, from 8 CPUs on), and with both. Each case in a fresh process, the cases in turn `--repeat` times; the
+median of each.
 
 Usage: uv run python experiments/ray_start.py --out DIR [--repeat 3] [--cpus 2 | --cpus 0 (all of them)] [--gpu]
 """

@@ -24,7 +24,7 @@ DECODE_BATCH = 4  # images a CPU task reads and decodes at once
 GPU_ACTOR_CPUS = 4  # the most CPUs a GPU actor holds (a quarter of the cluster's CPUs per actor at most)
 # Ray Data's import (half a second) beside a local Ray's start: on 16 cores the first batch came 0.5 s sooner, on 2
 # it came 0.6 s later, the import taking the CPU Ray's starting processes need (benchmarks/README.md, "segment's
-# start-up: Ray Data beside Ray's start"). Ray starts about six processes: from 8 CPUs on there is room for both.
+# start-up on 16 cores"). Ray starts about six processes: from 8 CPUs on there is room for both.
 RAY_DATA_BESIDE_MIN_CPUS = 8
 RAYLET_POLL_S, RAYLET_WAIT_S = 0.05, 30.0  # how often a local Ray's start asks for its raylet, and for how long
 # The environment of a Ray that segment starts (set before Ray is imported: it reads them once), each unless set:
@@ -257,8 +257,10 @@ def raylet_awaited_briskly(local: bool):
     (it waits for its dashboard agent's start): up to a second lost, half of one on average. Ray's own call then
     follows a cheap poll of GCS's node table, and finds its raylet at once. Where Ray's private names differ, Ray's
     own wait stands."""
-    from ray._private import services, state
-
+    try:
+        from ray._private import services, state
+    except ImportError:
+        services = state = None
     original = getattr(services, "get_node", None)
     options = getattr(services, "_get_gcs_client_options", None)
     if not local or original is None or options is None or not hasattr(state, "GlobalState"):
