@@ -116,7 +116,8 @@ def test_a_failed_load_leaves_no_extraction_folder(package_path, tmp_path):
 
 def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(package_path, tmp_path):
     """Nothing in the loaders' temporary folder (TMPDIR, a folder of this test's), nor in /tmp, where the other
-    tests' processes beside this one write too (a g++'s ccXXXXXX.*, Python's tmpXXXXXXXX): those are left out."""
+    tests' processes beside this one write too (a g++'s ccXXXXXX.*, Python's tmpXXXXXXXX, the segment tests' Ray
+    folders ray-XXXXXXXX): those are left out."""
     cache, temporary = tmp_path / "cache", tmp_path / "tmp"
     temporary.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SAM3_AOTI_CACHE": str(cache), "TMPDIR": str(temporary)}
@@ -135,7 +136,8 @@ def test_a_killed_loader_leaves_its_folder_to_the_next_one_and_nothing_in_tmp(pa
     assert proc.returncode == 0, proc.stderr
     assert list((cache / "tmp").iterdir()) == []  # swept (the owner is dead), and the new one removed at exit
     assert list(temporary.iterdir()) == []
-    others = r"cc\w{6}\..*|tmp\w{8}"  # a g++'s and Python's temporary files of the tests beside this one
+    # a g++'s and Python's temporary files of the tests beside this one, and the short Ray folders of the segment tests
+    others = r"cc\w{6}\..*|tmp\w{8}|ray-\w{8}"
     assert {p.name for p in Path("/tmp").iterdir() if not re.fullmatch(others, p.name)} - before == set()
 
 
