@@ -71,6 +71,8 @@ copy logs/fp8-qkv-rope/fp8-qkv-rope.json fp8-qkv-rope.json
 copy logs/fp8-qkv-rope/fp8-qkv-rope.md fp8-qkv-rope.md
 copy logs/fp8-qkv-rope-launches.log fp8-qkv-rope-launches.txt
 copy logs/ray-start/ray-start.json ray-start.json
+copy logs/segment-startup.json segment-startup.json
+copy logs/segment-startup.log segment-startup.log
 copy logs/ray-start.log ray-start.log
 for dir in gelu-groups-tune gelu-groups-arithmetic fp8-fc1-fused vit-attention vit-block vit-section-bf16 vit-section-fp8 \
     vit-section-{bf16,fp8}-{pipeline,without-fused-qkv}; do

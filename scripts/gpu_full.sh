@@ -67,6 +67,8 @@
 #          (scripts/checks/segment_actor.py). With fresh named too, it builds nothing: bench, throughput and the
 #          actor's steps run on fresh's package once the fresh box is timed (BENCH_SHAPES="[[16, 1]]" in the
 #          environment benches that shape alone, for a lease short of device time). Needs Ray: .whl-ray/a carried on one call, .whl-ray/b on the next (scripts/fetch_gpu_wheels.sh).
+#          Then scripts/checks/segment_startup.py on that package, SEGMENT_STARTUP_RUNS times (default 5; 0: not):
+#          segment's start-up as a median, where one throughput run gives one sample.
 #          SEGMENT_LEAN=1: without segment's own build's verify and the actor's steps; THROUGHPUT_COPIES=N:
 #          [throughput] copies (as BENCH_SHAPES, for fresh's package or segment's own).
 #          With .runtime-before carried (`git archive f078bd9 src | tar -x -C .runtime-before`: the loader before
@@ -543,6 +545,10 @@ run_all() {
             --device cuda --out "$RESULTS/segment-load-compare"; } &&
         build segment-throughput throughput $SAM3 precision=bf16;
         ray_logs segment-throughput
+        # the start-up again and again (one throughput run is one sample of it): segment over a few photographs
+        [[ ${SEGMENT_STARTUP_RUNS:-5} == 0 ]] || step segment-startup scripts/gpu_run.sh --python \
+            scripts/checks/segment_startup.py artifacts/sam3-bf16-cuda/package/sam3.pt2 \
+            --runs "${SEGMENT_STARTUP_RUNS:-5}" --images 32 --batch-size 16 --out "$RESULTS/segment-startup.json"
         [[ ${SEGMENT_LEAN:-0} == 1 ]] || step segment-actor scripts/gpu_run.sh --python scripts/checks/segment_actor.py \
             artifacts/sam3-bf16-cuda/package/sam3.pt2 --images 64 --out "$RESULTS/segment-actor")
     [[ $runs == *" raystart "* ]] && (cd "$WORK/raystart" && step ray-start scripts/gpu_run.sh --python \

@@ -4,7 +4,8 @@ summary: listing and checks, Ray's start, the actors' start and first batch), wi
 runs other checkouts' code (`git archive REV src | tar -x -C DIR`), one run of each in turn, so versions compare on
 one machine under the same drift.
 
-Usage: python scripts/checks/segment_startup.py PACKAGE [--runs 8] [--src DIR/src ...] [--out FILE.json]
+Usage: python scripts/checks/segment_startup.py PACKAGE [--runs 8] [--images 16] [--batch-size 4] [--src DIR/src ...]
+       [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("package", type=Path)
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=4, help="segment's; doit throughput's is 16")
     parser.add_argument("--src", type=Path, action="append", help="default: this checkout's src")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -39,10 +41,12 @@ def main() -> None:
         for _ in range(args.runs):
             for src in srcs:
                 shutil.rmtree(folder / "out", ignore_errors=True)
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
-                proc = subprocess.run([sys.executable, "-m", "sam3_aoti", "segment", str(folder / "photos"), "--package",
-                                       str(args.package.absolute()), "--prompt", "a cat", "--output", str(folder / "out"),
-                                       "--batch-size", "4"], capture_output=True, text=True, env=env, check=True)
+                path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))
+                command = [sys.executable, "-m", "sam3_aoti", "segment", str(folder / "photos"), "--package",
+                           str(args.package.absolute()), "--prompt", "a cat", "--output", str(folder / "out"),
+                           "--batch-size", str(args.batch_size)]
+                proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path},
+                                      check=True)
                 summary = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
                 runs[str(src)].append({"first_result_s": summary["first_result_s"], **summary["startup"]})
                 print(src, json.dumps(runs[str(src)][-1]), flush=True)
