@@ -37,15 +37,14 @@ CASES = {
 }
 
 
-def start_ray(cpus: int, **options):
-    """A local Ray as segment starts it (batch/engine.py: its raylet asked for briskly), on `cpus` CPUs (0: all)."""
+def start_ray(cpus: int, data_beside: bool = False, **options):
+    """A local Ray as segment starts it (`batch.engine.start_ray`), on `cpus` CPUs (0: all), Ray Data imported beside
+    `ray.init` or not."""
     import ray
 
-    from sam3_aoti.batch.engine import raylet_awaited_briskly
+    from sam3_aoti.batch.engine import start_ray as segments_start
 
-    with raylet_awaited_briskly(local=True):
-        ray.init(num_cpus=cpus or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 **options)
+    segments_start(ray, None, data_beside=data_beside, num_cpus=cpus or None, **options)
 
 
 def one_case(sleep: float, preload: bool, cpus: int) -> dict:
@@ -106,18 +105,11 @@ def pipeline(cpus: int, gpu: bool, preload: bool = False, data_beside: bool = Fa
     actor imports torch and opens a CUDA context (no package, no model): what segment's start-up is before the
     package's load and first call. `preload`: Ray's prestarted workers import torch; `data_beside`: Ray Data is
     imported in a thread while `ray.init` runs."""
-    import threading
-
     import ray
 
     t0 = time.perf_counter()
-    beside = threading.Thread(target=lambda: __import__("ray.data")) if data_beside else None
-    if beside:
-        beside.start()
-    start_ray(cpus, **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
+    start_ray(cpus, data_beside, **({"_system_config": {"preload_python_modules": ["torch"]}} if preload else {}))
     t1 = time.perf_counter()
-    if beside:
-        beside.join()
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False

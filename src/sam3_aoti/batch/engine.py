@@ -227,10 +227,11 @@ def _run_on_ray(todo: list[str], out, device: str, ray_address: str | None, acto
     return {**ran, "ray_at": ray_at, "ray_up_at": ray_up_at}
 
 
-def start_ray(ray, address: str | None, data_beside: bool | None = None) -> None:
+def start_ray(ray, address: str | None, data_beside: bool | None = None, **options) -> None:
     """`ray.init`, a local Ray or `address`'s cluster, with Ray Data imported in a thread meanwhile (`data_beside`;
     default: when joining a cluster, or where this machine has RAY_DATA_BESIDE_MIN_CPUS CPUs for Ray's starting
-    processes and the import alike). The import follows Ray's start otherwise, on the path to the first results."""
+    processes and the import alike). The import follows Ray's start otherwise, on the path to the first results.
+    `options` go to `ray.init` as they are (experiments/ray_start.py's CPU count and Ray system config)."""
     import threading
 
     if data_beside is None:
@@ -240,7 +241,8 @@ def start_ray(ray, address: str | None, data_beside: bool | None = None) -> None
         beside.start()
     try:
         with raylet_awaited_briskly(local=address is None):
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     **options)
     except Exception as e:  # ConnectionError for an address nothing answers on, and Ray's own
         raise ConfigError(f"cannot start or reach Ray{f' at {address}' if address else ''} ({first_line(e)})") \
             from None
