@@ -201,8 +201,8 @@ loader_run() {
 }
 
 fp8_run() {  # its bench has Meta's column beside the AOTI ones: #50's goals are claimed for this build
-    cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false columns '["meta", "aoti", "aoti_graphs"]' \
-        load_times false
+    cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false \
+        columns '["meta", "aoti", "aoti_graphs", "aoti_graphs_whole"]' load_times false
     [[ ${FP8_LEAN:-0} == 1 ]] && configure sections '"off"'
     toolkit_for fp8 $SAM3 precision=fp8
     build fp8-build weights export compile package verify $SAM3 precision=fp8

@@ -85,20 +85,22 @@ def check_cuda_graphs(path):
     assert graphed.cuda_graphs == "on" and plain.cuda_graphs == "off: cuda_graphs=False"
     for call, (b, p) in enumerate([(1, 1), (1, 1), (2, 3), (2, 3), (1, 1), (3, 2), (3, 2)]):
         args = example_inputs(tiny_config(), b, p, seed=call, device="cuda")
-        for got, want in zip(graphed.model(*args), plain.model(*args)):
+        for got, want, whole in zip(graphed.model(*args), plain.model(*args), plain["model"](*args)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"B={b} P={p}")
+            torch.testing.assert_close(got, whole, rtol=1e-4, atol=1e-4, msg=f"the whole model, B={b} P={p}")
     assert graphed.graph_runner.failed is None, graphed.graph_runner.failed
     assert graphed.graph_runner.captures == 3 and len(graphed.graph_runner.graphs) == 2
-    if graphed.parts:  # text and boxes through the graphed parts, equal to the parts without graphs
+    if graphed.parts:  # a split package's model is its parts' call; with boxes too, one graph each shape
         from sam3_aoti.model.exporting import example_boxes
 
+        assert graphed.model is graphed["model_from_parts"]
         for b, p in [(1, 1), (2, 3)]:
             args = example_inputs(tiny_config(), b, p, seed=b + p, device="cuda")
             boxes = example_boxes(b, 3, seed=b, device="cuda")
             for got, want in zip(graphed.model_with_boxes(*args, *boxes), plain.model_with_boxes(*args, *boxes)):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"boxes B={b} P={p}")
-        encode_boxes = graphed.runners["encode_boxes"].graph_runner
-        assert encode_boxes.failed is None and encode_boxes.captures == 2, encode_boxes.failed
+        with_boxes = graphed.runners["model_with_boxes"].graph_runner
+        assert with_boxes.failed is None and with_boxes.captures == 2, with_boxes.failed
 
 
 @pytest.mark.gpu
@@ -246,6 +248,48 @@ def test_a_graphed_function_on_cuda_gives_its_own_results_on_first_calls_and_rep
         for g, w in zip(got, model(x)):
             torch.testing.assert_close(g, w)
     assert runner.failed is None and runner.captures == 3 and len(runner.graphs) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_split_call_runs_the_text_encoder_on_its_own_stream_and_joins_it(graphs):
+    """`SplitCall` on the GPU with stand-in parts: encode_text runs on the side stream (beside encode_image, on
+    the caller's), decode reads its output only after it is written (a slow text encoder: an unjoined stream
+    would give decode stale features), with and without a CUDA graph around the call, first calls and replays."""
+    import torch
+
+    from sam3_aoti.runtime.cuda_graphs import CudaGraphRunner
+    from sam3_aoti.runtime.split_call import SplitCall
+
+    weight, streams = torch.randn(512, 512, device="cuda") / 512 ** 0.5, []
+
+    def encode_text(ids):
+        streams.append(torch.cuda.current_stream())
+        x = ids.float() @ weight
+        for _ in range(200):  # long enough that decode would overtake an unjoined stream
+            x = torch.tanh(x @ weight)
+        return (x,)
+
+    def encode_image(images):
+        streams.append(torch.cuda.current_stream())
+        return tuple(images * (i + 1) for i in range(7))
+
+    def decode(*tensors):
+        return (sum(t.sum() for t in tensors[:6]) + tensors[6].sum(),)
+
+    parts = {"encode_image": encode_image, "encode_text": encode_text, "encode_boxes": None, "decode": decode}
+    call = SplitCall(parts, "cuda")
+    runner = CudaGraphRunner(call) if graphs else call
+    for seed in range(4):
+        g = torch.Generator("cuda").manual_seed(seed)
+        images, ids = torch.randn(2, 8, device="cuda", generator=g), torch.randn(3, 512, device="cuda", generator=g)
+        streams.clear()
+        got = runner(images, ids)[0]
+        if not graphs or seed == 0:  # a replay runs no Python: the streams are seen at capture
+            assert streams[0] == call.side and streams[1] != call.side
+        features = encode_image(images)
+        want = decode(*features[:6], *encode_text(ids))[0]
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import torch
 
 from sam3_aoti.errors import InputError, PackageError
 from sam3_aoti.model.configs import example_inputs
+from sam3_aoti.model.exporting import example_boxes
 from sam3_aoti.model.grounding import DECODE_IMAGE_INPUTS, PARTS, Part, Sam3Grounding
 from sam3_aoti.runtime.archive import PART_NAMES, SHARED_WEIGHT_PARTS
 from sam3_aoti.runtime.loader import load_package
@@ -57,6 +58,25 @@ def test_a_split_package_decodes_what_model_gives(package):
         whole = package.model(images, token_ids)
         split = package.decode(package.encode_image(images), package.encode_text(token_ids))
     assert close(split, whole)
+
+
+def test_the_split_call_is_the_parts_in_turn_and_the_cpus_model_the_whole(package):
+    """`model_from_parts` (a GPU's `package.model`: the text encoder beside the image encoder) and
+    `model_with_boxes` give exactly what the parts give called one by one; on the CPU `model` is the whole
+    compiled model."""
+    images, token_ids = tiny_inputs(package, 2, 3)
+    boxes, labels = example_boxes(2, 3, seed=5)
+    with torch.no_grad():
+        features, text = package.encode_image(images), package.encode_text(token_ids)
+        one_by_one = package.decode(features, text)
+        boxed_one_by_one = package.decode(features, text, package.encode_boxes(features, boxes, labels))
+        call, boxed = package["model_from_parts"](images, token_ids), package.model_with_boxes(images, token_ids,
+                                                                                              boxes, labels)
+    assert all(torch.equal(a, b) for a, b in zip(call, one_by_one, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(boxed, boxed_one_by_one, strict=True))
+    assert package.model is package["model"]
+    with pytest.raises(InputError, match="boxes"):
+        package["model_with_boxes"](images, token_ids, boxes[:1], labels[:1])
 
 
 def tiny_inputs(package, batch, prompts, seed=7):

@@ -17,6 +17,8 @@ PART_NAMES = ("encode_image", "encode_text", "encode_boxes", "decode")
 # The parts that read model's weights in place (no blob of their own). encode_boxes has its own: the box
 # encoder's layers are weights `model`, which never sees a box, does not hold.
 SHARED_WEIGHT_PARTS = ("encode_image", "encode_text", "decode")
+# The loader's calls of the parts (`split_call`), not models of the package: text alone, and with exemplar boxes.
+SPLIT_CALLS = ("model_from_parts", "model_with_boxes")
 BLOB_SUFFIX = "_weights.blob"  # a model's AOTInductor weights blob, beside its code
 
 

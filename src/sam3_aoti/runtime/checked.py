@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import InputError
-from .archive import PART_NAMES
+from .archive import PART_NAMES, SPLIT_CALLS
 from .cuda_graphs import CudaGraphRunner
 
 
@@ -64,6 +64,20 @@ class CheckedModel:
         return self.runner(images, token_ids)
 
 
+class CheckedSplitCall(CheckedModel):
+    """A `split_call.SplitCall`: `(images, token_ids)`, or with `boxes` and `labels` (`exemplars.check_boxes`)."""
+
+    def __call__(self, images, token_ids, boxes=None, labels=None):
+        if boxes is None:
+            return super().__call__(images, token_ids)
+        from .exemplars import check_boxes
+
+        check_images(images, self.device, self.side)
+        check_token_ids(token_ids, self.device, self.context, self.vocab)
+        check_boxes(boxes, labels, images.shape[0], self.device)
+        return self.runner(images, token_ids, boxes, labels)
+
+
 class CheckedPart:
     """A split model with one-line errors for inputs it cannot take, checked against the metadata's inputs:
     their count, dtypes, device and sizes, and one batch and one prompt count across them."""
@@ -117,4 +131,5 @@ class CheckedTransforms:
 
 def checked(runners: dict, metadata: dict) -> dict:
     return {"model": CheckedModel(runners["model"], metadata), "transforms": CheckedTransforms(runners["transforms"], metadata),
-            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners}}
+            **{name: CheckedPart(runners[name], metadata, name) for name in PART_NAMES if name in runners},
+            **{name: CheckedSplitCall(runners[name], metadata) for name in SPLIT_CALLS if name in runners}}

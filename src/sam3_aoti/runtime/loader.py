@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError, PackageError, first_line
-from .archive import MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, VOCAB_FILE, fallback_of
+from .archive import MODEL_NAMES, PART_NAMES, SHARED_WEIGHT_PARTS, SPLIT_CALLS, VOCAB_FILE, fallback_of
 from .checked import checked
 from .contract import FP8_CAPABILITY, FP8_NEEDS
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import PackageChanged, PackageFile, check_package, read_consistently
+from .split_call import SplitCall
 from .torch_private import AotiRunner, before_loading, exported_programs
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ class Sam3Package:
 
     @property
     def graph_runner(self):
-        """The model's CudaGraphRunner (`.graphs`: the shapes captured), or None."""
-        return getattr(self.runners["model"], "graph_runner", None)
+        """The CudaGraphRunner behind `model` (`.graphs`: the shapes captured), or None."""
+        return getattr(self.model, "graph_runner", None)
 
     def exported_only(self, exported: dict | None = None) -> "Sam3Package":
         """The same package through its exported programs (the fallback beside it; `exported`: them, loaded
@@ -52,6 +53,10 @@ class Sam3Package:
 
     @property
     def model(self) -> Callable:
+        """`model(images, token_ids)`. On a GPU, a split package runs it as one call of its parts with the
+        prompts' encoder beside the image encoder (`split_call`); `package["model"]` is the whole compiled model."""
+        if self.metadata.get("device") == "cuda" and "model_from_parts" in self.runners:
+            return self.runners["model_from_parts"]
         return self.runners["model"]
 
     @property
@@ -115,10 +120,14 @@ class Sam3Package:
 
     def model_with_boxes(self, images, token_ids, boxes, labels=None):
         """`model(images, token_ids)` with exemplar boxes on every image (`encode_boxes` says what they are):
-        encode_image, encode_boxes and decode in one call. Each part replays a CUDA graph of its own: one graph
-        of all of them measured no faster on the H200 (`benchmarks/README.md`, "Exemplar boxes")."""
-        features = self.encode_image(images)
-        return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
+        the parts in one call (`split_call`: the prompts' encoder beside the image encoder on a GPU, one CUDA
+        graph where the package replays graphs)."""
+        import torch
+
+        self._part("encode_boxes")
+        if labels is None and isinstance(boxes, torch.Tensor):
+            labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
+        return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
 
     def decode_chunked(self, features, texts: list, exemplars=None):
         """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
@@ -239,8 +248,10 @@ def programs_package(exported: dict, metadata: dict, merges_text: str, path: Pat
                      fallback_reason: str | None = None) -> Sam3Package:
     """Exported programs behind the package's interface (`metadata`'s models, checked calls, the tokenizer): the
     fallback of a package, or the fallback stage's programs before any package exists."""
-    runners = checked({name: exported[name].module() for name in models_of(metadata)}, metadata)
-    return Sam3Package(runners, {name: "exported" for name in runners}, metadata, merges_text, path,
+    names = models_of(metadata)
+    runners = checked(with_split_call({name: exported[name].module() for name in names},
+                                      metadata.get("device", "cpu")), metadata)
+    return Sam3Package(runners, dict.fromkeys(names, "exported"), metadata, merges_text, path,
                        fallback_reason, exported, "off: exported programs")
 
 
@@ -314,12 +325,22 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     runners = {name: aoti[name] if name in aoti else exported[name].module() for name in names}
     backends = {name: "aoti" if name in aoti else "exported" for name in names}
     state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
+    runners = with_split_call(runners, metadata.get("device", "cpu"))  # of the parts' own runners, not their graphs
     if state == "on":
-        for name in ("model", *PART_NAMES):
+        for name in ("model", *PART_NAMES, *SPLIT_CALLS):
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, vocab, path, fallback_reason, exported,
                        state)
+
+
+def with_split_call(runners: dict, device: str) -> dict:
+    """`runners` with, where they hold the parts, `model_from_parts` and `model_with_boxes`: one `SplitCall` of
+    them each (each gets a CUDA graph runner of its own, so text-only and box calls keep their own shapes)."""
+    if not set(PART_NAMES) <= set(runners):
+        return runners
+    call = SplitCall({name: runners[name] for name in PART_NAMES}, device)
+    return {**runners, **dict.fromkeys(SPLIT_CALLS, call)}
 
 
 def graphs_state(graphs: bool, requested: bool | None, metadata: dict, aoti: bool) -> str:
