@@ -24,7 +24,8 @@
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
 #          model, then bench (Meta's column and the AOTI ones), parity with Meta and the ViT section's costliest kernels
 #          at 16 x 1 (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone; FP8_LEAN=1: its
-#          bench without the by-section tables and no ViT section after parity, for a lease short of device time)
+#          bench without the by-section tables and no ViT section after parity, for a lease short of device time;
+#          BENCH_SHAPES as for segment)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json
 #          (compile_phases: where the time went) to compiled-cold.json and compiled-warm.json
@@ -204,6 +205,7 @@ fp8_run() {  # its bench has Meta's column beside the AOTI ones: #50's goals are
     cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false \
         columns '["meta", "aoti", "aoti_graphs", "aoti_graphs_whole"]' load_times false
     [[ ${FP8_LEAN:-0} == 1 ]] && configure sections '"off"'
+    short_lease  # BENCH_SHAPES: the shapes its bench times
     toolkit_for fp8 $SAM3 precision=fp8
     build fp8-build weights export compile package verify $SAM3 precision=fp8
 }
