@@ -97,7 +97,8 @@ def main() -> None:
         with lines.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
-    table = ["| B x P | ViT ms | text ms | in turn ms | beside ms | hidden ms (of text's) |", "|---|---|---|---|---|---|"]
+    table = ["| B x P | ViT ms | text ms | in turn ms | beside ms | hidden ms (of text's) |",
+             "|---|---|---|---|---|---|"]
     table += [f"| {r['batch']} x {r['prompts']} | {r['ViT']} | {r['text']} | {r['in turn']} | {r['beside']} | "
               f"{r['hidden_ms']} |" for r in rows]
     (args.out / "text_beside_vit.md").write_text(
