@@ -83,23 +83,29 @@ def check_cuda_graphs(path):
 
     graphed, plain = load_package(path, max_graphs=2), load_package(path, cuda_graphs=False)
     assert graphed.cuda_graphs == "on" and plain.cuda_graphs == "off: cuda_graphs=False"
+    split = load_package(path, max_graphs=2, split_call=True) if graphed.parts else None
     for call, (b, p) in enumerate([(1, 1), (1, 1), (2, 3), (2, 3), (1, 1), (3, 2), (3, 2)]):
         args = example_inputs(tiny_config(), b, p, seed=call, device="cuda")
-        for got, want, whole in zip(graphed.model(*args), plain.model(*args), plain["model"](*args)):
+        for got, want in zip(graphed.model(*args), plain.model(*args)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"B={b} P={p}")
-            torch.testing.assert_close(got, whole, rtol=1e-4, atol=1e-4, msg=f"the whole model, B={b} P={p}")
-    assert graphed.graph_runner.failed is None, graphed.graph_runner.failed
-    assert graphed.graph_runner.captures == 3 and len(graphed.graph_runner.graphs) == 2
-    if graphed.parts:  # a split package's model is its parts' call; with boxes too, one graph each shape
+        for got, want in zip(split.model(*args) if split else (), plain.model(*args)):  # the parts, text beside
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"split call, B={b} P={p}")
+    for runner in (graphed.graph_runner, *((split.graph_runner,) if split else ())):
+        assert runner.failed is None, runner.failed
+        assert runner.captures == 3 and len(runner.graphs) == 2
+    if graphed.parts:  # text and boxes through the graphed parts and the split call, equal to the parts without graphs
         from sam3_aoti.model.exporting import example_boxes
 
-        assert graphed.model is graphed["model_from_parts"]
         for b, p in [(1, 1), (2, 3)]:
             args = example_inputs(tiny_config(), b, p, seed=b + p, device="cuda")
             boxes = example_boxes(b, 3, seed=b, device="cuda")
-            for got, want in zip(graphed.model_with_boxes(*args, *boxes), plain.model_with_boxes(*args, *boxes)):
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"boxes B={b} P={p}")
-        with_boxes = graphed.runners["model_with_boxes"].graph_runner
+            want = plain.model_with_boxes(*args, *boxes)
+            for package in (graphed, split):
+                for got, expected in zip(package.model_with_boxes(*args, *boxes), want):
+                    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=f"boxes B={b} P={p}")
+        encode_boxes, with_boxes = (graphed.runners["encode_boxes"].graph_runner,
+                                    split.runners["model_with_boxes"].graph_runner)
+        assert encode_boxes.failed is None and encode_boxes.captures == 2, encode_boxes.failed
         assert with_boxes.failed is None and with_boxes.captures == 2, with_boxes.failed
 
 

@@ -60,23 +60,29 @@ def test_a_split_package_decodes_what_model_gives(package):
     assert close(split, whole)
 
 
-def test_the_split_call_is_the_parts_in_turn_and_the_cpus_model_the_whole(package):
-    """`model_from_parts` (a GPU's `package.model`: the text encoder beside the image encoder) and
-    `model_with_boxes` give exactly what the parts give called one by one; on the CPU `model` is the whole
-    compiled model."""
+def test_the_split_call_is_the_parts_one_by_one(package_path, package, monkeypatch):
+    """With `split_call` on (the argument or the environment), `model` and `model_with_boxes` are one call of the
+    parts (on a GPU the text encoder beside the image encoder) and give exactly what the parts give one by one;
+    off (the default) `model` is the whole compiled model. Inputs are checked as `model`'s."""
+    monkeypatch.setenv("SAM3_AOTI_SPLIT_CALL", "1")
+    on, off = load_package(package_path), load_package(package_path, split_call=False)
+    assert on.split_call and not off.split_call and not package.split_call
+    assert on.model is on["model_from_parts"] and off.model is off["model"]
     images, token_ids = tiny_inputs(package, 2, 3)
     boxes, labels = example_boxes(2, 3, seed=5)
     with torch.no_grad():
         features, text = package.encode_image(images), package.encode_text(token_ids)
         one_by_one = package.decode(features, text)
         boxed_one_by_one = package.decode(features, text, package.encode_boxes(features, boxes, labels))
-        call, boxed = package["model_from_parts"](images, token_ids), package.model_with_boxes(images, token_ids,
-                                                                                              boxes, labels)
+        call, boxed = on.model(images, token_ids), on.model_with_boxes(images, token_ids, boxes, labels)
     assert all(torch.equal(a, b) for a, b in zip(call, one_by_one, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(boxed, boxed_one_by_one, strict=True))
-    assert package.model is package["model"]
+    assert all(torch.equal(a, b) for a, b in zip(package.model_with_boxes(images, token_ids, boxes, labels),
+                                                 boxed_one_by_one, strict=True))
     with pytest.raises(InputError, match="boxes"):
-        package["model_with_boxes"](images, token_ids, boxes[:1], labels[:1])
+        on.model_with_boxes(images, token_ids, boxes[:1], labels[:1])
+    with pytest.raises(InputError, match="token_ids"):
+        on.model(images, token_ids.float())
 
 
 def tiny_inputs(package, batch, prompts, seed=7):

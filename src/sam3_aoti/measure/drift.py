@@ -17,8 +17,8 @@ def expected_shapes(config, n: int) -> list[list[int]]:
 
 def ways_to_run(package) -> dict:
     """`model`, and for a split package its parts: whole, and with the prompts encoded and decoded in chunks
-    of two (each must give model's outputs), and the whole compiled model where `model` runs the parts (a GPU's,
-    `runtime.split_call`)."""
+    of two, and the whole compiled model where `model` is the parts' one call (`runtime.split_call`), or that call
+    on a GPU where it is not (on the CPU it is " split"); each must give model's outputs."""
     if not package.parts:
         return {"": package.model}
 
@@ -26,9 +26,10 @@ def ways_to_run(package) -> dict:
         texts = [package.encode_text(token_ids[i:i + 2]) for i in range(0, token_ids.shape[0], 2)]
         return package.decode_chunked(package.encode_image(images), texts)
 
-    whole = {" whole": package["model"]} if package.model is not package["model"] else {}
+    other = ({" whole": package["model"]} if package.split_call else
+             {" split call": package["model_from_parts"]} if package.metadata.get("device") == "cuda" else {})
     return {"": package.model, " split": lambda images, token_ids: package.decode(
-        package.encode_image(images), package.encode_text(token_ids)), " chunks": chunked, **whole}
+        package.encode_image(images), package.encode_text(token_ids)), " chunks": chunked, **other}
 
 
 def measure_drift(settings, backends: dict, eager, transforms, cases, cache) -> list[dict]:

@@ -38,6 +38,8 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
         "these prompts against encoded images": (with_new_prompts, (features, token_ids), None),
         f"the whole call with {EXEMPLAR_BOXES} exemplar boxes": (package.model_with_boxes,
                                                                 (images, token_ids, boxes, labels), None),
+        **({"the same in one call, the text beside": (package["model_with_boxes"], (images, token_ids, boxes, labels),
+                                                       None)} if not package.split_call else {}),
         f"a new set of {EXEMPLAR_BOXES} boxes against encoded images and prompts": (with_new_boxes,
                                                                                    (features, text, boxes, labels),
                                                                                    None),

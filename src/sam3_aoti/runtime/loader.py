@@ -20,7 +20,7 @@ from .checked import checked
 from .contract import FP8_CAPABILITY, FP8_NEEDS
 from .cuda_graphs import DEFAULT_MAX_GRAPHS, SWITCH, CudaGraphRunner, graphs_wanted
 from .integrity import PackageChanged, PackageFile, check_package, read_consistently
-from .split_call import SplitCall
+from .split_call import SplitCall, split_call_wanted
 from .torch_private import AotiRunner, before_loading, exported_programs
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class Sam3Package:
     fallback_reason: str | None = None
     exported: dict = field(default_factory=dict, repr=False)
     cuda_graphs: str = "off"  # "on" (the model replays CUDA graphs) or why not
+    split_call: bool = False  # model and model_with_boxes as one call of the parts (`split_call`)
 
     @property
     def graph_runner(self):
@@ -53,9 +54,9 @@ class Sam3Package:
 
     @property
     def model(self) -> Callable:
-        """`model(images, token_ids)`. On a GPU, a split package runs it as one call of its parts with the
-        prompts' encoder beside the image encoder (`split_call`); `package["model"]` is the whole compiled model."""
-        if self.metadata.get("device") == "cuda" and "model_from_parts" in self.runners:
+        """`model(images, token_ids)`: the whole compiled model, or with `split_call` on, one call of the parts
+        (the prompts' encoder beside the image encoder on a GPU); `package["model"]` is always the whole."""
+        if self.split_call and "model_from_parts" in self.runners:
             return self.runners["model_from_parts"]
         return self.runners["model"]
 
@@ -120,14 +121,17 @@ class Sam3Package:
 
     def model_with_boxes(self, images, token_ids, boxes, labels=None):
         """`model(images, token_ids)` with exemplar boxes on every image (`encode_boxes` says what they are):
-        the parts in one call (`split_call`: the prompts' encoder beside the image encoder on a GPU, one CUDA
-        graph where the package replays graphs)."""
+        encode_image, encode_text, encode_boxes and decode, each replaying a CUDA graph of its own, or with
+        `split_call` on, in one call (one graph, the prompts' encoder beside the image encoder on a GPU)."""
         import torch
 
         self._part("encode_boxes")
         if labels is None and isinstance(boxes, torch.Tensor):
             labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
-        return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
+        if self.split_call:
+            return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
+        features = self.encode_image(images)
+        return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
 
     def decode_chunked(self, features, texts: list, exemplars=None):
         """`model(images, token_ids)`'s outputs from encoded images and the prompts encoded in chunks (`texts`:
@@ -283,13 +287,15 @@ def load_exported(path: Path, trust: bool = False, built_for: str = "") -> dict:
 
 
 def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False, cuda_graphs: bool | None = None,
-                 max_graphs: int | None = None, sha256: str | None = None) -> Sam3Package:
+                 max_graphs: int | None = None, sha256: str | None = None,
+                 split_call: bool | None = None) -> Sam3Package:
     """Callables by name: the AOTI runners where they load, the exported programs beside them otherwise.
     Before torch sees the archive, its entry names are checked and its sha256 compared with `sha256` (a digest
     you got beside or before the package), else with the `.sha256` file beside it (`integrity`); `trust` loads
     a package that has neither. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
-    that off."""
+    that off. `split_call=True` (or SAM3_AOTI_SPLIT_CALL=1) runs a split package's `model` and `model_with_boxes`
+    as one call of its parts (`split_call`), not yet measured at full size, so off by default."""
     before_loading()
     path = Path(path)
     if not path.is_file():
@@ -331,7 +337,7 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, vocab, path, fallback_reason, exported,
-                       state)
+                       state, split_call_wanted(split_call))
 
 
 def with_split_call(runners: dict, device: str) -> dict:

@@ -8,13 +8,24 @@ encoders' outputs: here encode_text runs on a side stream forked from the caller
 decode, so on a GPU the two encoders overlap, inside one CUDA graph when the package replays graphs (the
 capture follows the fork and the join). Exemplar boxes are encoded on the caller's stream after the image they
 are drawn on. On the CPU the parts run in turn.
+
+Off by default (`load_package(split_call=True)` or SAM3_AOTI_SPLIT_CALL=1 turns it on): it is tested, and the bench
+times it (`aoti_graphs_split`), but it has not yet been timed at full size against the whole model.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from .archive import PART_NAMES
+
+SWITCH = "SAM3_AOTI_SPLIT_CALL"  # "1": every load_package in the process runs split packages' model as a SplitCall
+
+
+def split_call_wanted(requested: bool | None) -> bool:
+    """`load_package(split_call=...)` if given, else the environment switch (off unless "1")."""
+    return requested if requested is not None else os.environ.get(SWITCH, "0") == "1"
 
 
 class SplitCall:

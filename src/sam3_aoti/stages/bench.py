@@ -82,8 +82,8 @@ def run(settings: Settings) -> None:
     if cuda and "aoti_graphs" in columns:
         graphed = load_package(paths.package, cuda_graphs=True, max_graphs=len(opts["shapes"]))
         backends[COLUMNS["aoti_graphs"]] = graphed.model
-        if "aoti_graphs_whole" in columns and graphed.model is not graphed["model"]:
-            backends[COLUMNS["aoti_graphs_whole"]] = graphed["model"]
+        if "aoti_graphs_split" in columns and graphed.parts and not graphed.split_call:
+            backends[COLUMNS["aoti_graphs_split"]] = graphed["model_from_parts"]
     meta = meta_grounding(settings) if "meta" in columns else None
     if cuda and meta is None and "meta" in columns:
         log.info("Meta's sam3 is not importable here (or not the full model): its column is left out")
@@ -216,10 +216,10 @@ def bench_report(settings: Settings, info: dict) -> Report:
              "Every column warms up at every shape before any is timed, and each row times the columns in a "
              "rotated order (`order` in bench.json).",
              f"Package {info['package_bytes'] / 1e9:.2f} GB, fallback beside it {info['fallback_bytes'] / 1e9:.2f} GB."]
-    if COLUMNS["aoti_graphs_whole"] in names:
-        notes.append("On a GPU a split package's `model` runs its parts in one call, the prompts' encoder beside the "
-                     "image encoder on a stream of its own (`runtime/split_call.py`): the AOTI columns; 'whole "
-                     "model' is the package's compiled `model`, the same weights in one graph of kernels.")
+    if COLUMNS["aoti_graphs_split"] in names:
+        notes.append("'the parts in one call': `load_package(split_call=True)`'s `model`, the package's parts in one "
+                     "CUDA graph with the prompts' encoder on a stream of its own beside the image encoder "
+                     "(`runtime/split_call.py`); the other AOTI columns run the whole compiled model.")
     if settings.spec.reference != settings.precision:
         notes.append(f"An {settings.precision} build: 'transformers eager' is the {settings.spec.reference} model "
                      "(verify's reference), and FLOPs are its.")
