@@ -79,21 +79,12 @@ def ways(package):
 
 
 def time_graphed(fn, args, iters: int) -> float:
-    import torch
-
+    """Median ms of `fn(*args)` replayed as one CUDA graph."""
+    from sam3_aoti.measure.timing import time_calls
     from sam3_aoti.runtime.cuda_graphs import CudaGraphRunner
 
     runner = CudaGraphRunner(fn, copy_outputs=False)
-    for _ in range(3):
-        runner(*args)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner(*args)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    times = time_calls(runner, args, "cuda", 3, iters)
     assert runner.failed is None, runner.failed
     return statistics.median(times)
 

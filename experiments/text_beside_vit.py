@@ -24,22 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def graphed_ms(fn, iters: int) -> float:
-    import torch
-
+    """Median ms of `fn()` replayed as one CUDA graph."""
+    from sam3_aoti.measure.timing import time_calls
     from sam3_aoti.runtime.cuda_graphs import CudaGraphRunner
 
     runner = CudaGraphRunner(fn, copy_outputs=False)
-    for _ in range(3):
-        runner()
+    times = time_calls(runner, (), "cuda", 3, iters)
     assert runner.failed is None, runner.failed
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
     return round(statistics.median(times), 3)
 
 
