@@ -17,8 +17,9 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
     """A split package's parts timed alone at this shape, with their FLOPs (counted on eager's own parts; the
     heads' are the whole call's less the encoders'), and encode once / decode many: one more prompt, and
     this row's prompts, encoded and decoded against images encoded before; and with exemplar boxes
-    (EXEMPLAR_BOXES per image, beside the phrases): the whole call, and a new exemplar set against encoded
-    images and prompts (encode_boxes and decode)."""
+    (EXEMPLAR_BOXES per image, beside the phrases): the whole call (on a GPU also as the split call, the text
+    encoder beside the image encoder, where the package does not use it already), and a new exemplar set against
+    encoded images and prompts (encode_boxes and decode)."""
     import torch
 
     from ..model.exporting import example_boxes
@@ -39,7 +40,7 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
         f"the whole call with {EXEMPLAR_BOXES} exemplar boxes": (package.model_with_boxes,
                                                                 (images, token_ids, boxes, labels), None),
         **({"the same in one call, the text beside": (package["model_with_boxes"], (images, token_ids, boxes, labels),
-                                                       None)} if not package.split_call else {}),
+                                                       None)} if device == "cuda" and not package.split_call else {}),
         f"a new set of {EXEMPLAR_BOXES} boxes against encoded images and prompts": (with_new_boxes,
                                                                                    (features, text, boxes, labels),
                                                                                    None),
