@@ -116,10 +116,14 @@ def main() -> None:
             for name in names[index % len(names):] + names[:index % len(names)]:  # a rotated order per shape
                 if (name == "halves" and b < 2) or (name == "prompt halves" and p < 2):
                     continue
-                got = calls[name](images, ids)
-                row["max_abs_vs_in_turn"][name] = max(float((a.float() - r.float()).abs().max())
-                                                      for a, r in zip(got, reference))
-                row["ms"][name] = round(time_graphed(calls[name], (images, ids), args.iters), 2)
+                try:  # one way that fails (a capture, say) is recorded, and the others still run
+                    got = calls[name](images, ids)
+                    row["max_abs_vs_in_turn"][name] = max(float((a.float() - r.float()).abs().max())
+                                                          for a, r in zip(got, reference))
+                    row["ms"][name] = round(time_graphed(calls[name], (images, ids), args.iters), 2)
+                except (RuntimeError, AssertionError) as e:
+                    row.setdefault("failed", {})[name] = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+                    print(f"{b} x {p}: {name} failed: {row['failed'][name]}", flush=True)
         row["ms"] = {n: row["ms"][n] for n in names if n in row["ms"]}
         rows.append(row)
         print(f"{b} x {p}: " + ", ".join(f"{n} {ms} ms" for n, ms in row["ms"].items()), flush=True)

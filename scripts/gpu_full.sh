@@ -23,7 +23,7 @@
 #          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
 #          model, then bench (Meta's column and the AOTI ones), parity with Meta and the ViT section's costliest kernels
-#          at 16 x 1 (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone; FP8_LEAN=1: its
+#          at 16 x 1, and experiments/split_overlap.py on its package (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone; FP8_LEAN=1: its
 #          bench without the by-section tables and no ViT section after parity, for a lease short of device time;
 #          BENCH_SHAPES as for segment)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
@@ -530,7 +530,10 @@ run_all() {
     # the AOTI columns of the untuned builds while the tuned one compiles (CPU only: the GPU is free)
     [[ $runs == *" loader "* ]] && (cd "$WORK/loader" && build loader-bench bench $SAM3 precision=bf16)
     [[ $runs == *" fp8 "* ]] && (cd "$WORK/fp8" && build fp8-bench bench $SAM3 precision=fp8 &&
-        build fp8-parity parity $SAM3 precision=fp8 &&  # against Meta under bf16 autocast, [parity.tolerances.fp8]
+        build fp8-parity parity $SAM3 precision=fp8  # against Meta under bf16 autocast, [parity.tolerances.fp8]
+        [[ -f artifacts/sam3-fp8-cuda/package/sam3.pt2 ]] && step fp8-split-overlap scripts/gpu_run.sh --python \
+            experiments/split_overlap.py artifacts/sam3-fp8-cuda/package/sam3.pt2 --shapes 1x1,2x3,16x1,1x16 \
+            --out "$RESULTS/split-overlap"  # every way of calling its parts in one graph
         [[ ${FP8_LEAN:-0} == 0 ]] && step fp8-vit-section scripts/gpu_run.sh --python scripts/checks/section_times.py \
             --profile sam3 --precision fp8 --device cuda --shapes 16x1 --sections ViT --kernels 16 \
             --out "$RESULTS/vit-section-fp8")  # where it goes
