@@ -203,7 +203,7 @@ loader_run() {
 
 fp8_run() {  # its bench has Meta's column beside the AOTI ones: #50's goals are claimed for this build
     cd "$WORK/fp8" && configure box_path_attention '"bf16"' enabled false \
-        columns '["meta", "aoti", "aoti_graphs", "aoti_graphs_split"]' load_times false
+        columns '["meta", "aoti", "aoti_graphs", "aoti_graphs_whole"]' load_times false
     [[ ${FP8_LEAN:-0} == 1 ]] && configure sections '"off"'
     short_lease  # BENCH_SHAPES: the shapes its bench times
     toolkit_for fp8 $SAM3 precision=fp8

@@ -29,7 +29,7 @@ from helpers import copy_repo, one_line_error, run_doit
      "each value a list of distinct optimizations from 'box_bias_kernel'"),
     ('sdpa_backends = ["cudnn", "flash", "efficient", "math"]', 'sdpa_backends = ["cudnn", "fast"]',
      "[compile] sdpa_backends must be a list of distinct SDPA kernels"),
-    ('columns = ["meta", "transformers", "exported", "aoti", "aoti_graphs", "aoti_graphs_split"]', 'columns = ["aoti", "triton"]',
+    ('columns = ["meta", "transformers", "exported", "aoti", "aoti_graphs", "aoti_graphs_whole"]', 'columns = ["aoti", "triton"]',
      "[bench] columns must be a list of distinct columns"),
     ('inductor = { max_autotune_gemm = true, max_autotune_gemm_backends = "ATEN,TRITON" }', 'inductor = "max"',
      "[tune] inductor must be a table of torch._inductor.config keys"),

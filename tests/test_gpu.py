@@ -75,7 +75,8 @@ def test_cuda_graphs_of_the_repositorys_tiny_cuda_build():
 def check_cuda_graphs(path):
     """Graphs on (the default) vs off at several shapes (new inputs each call: a stale replay would be far
     off); a shape's first call returns its warm-up's outputs, a shape seen again replays its graph, and at most
-    max_graphs are kept."""
+    max_graphs are kept. A split package's model is the split call by default on CUDA, and the whole compiled
+    model with split_call=False; each is checked against itself without graphs (the same kernels)."""
     import torch
 
     from sam3_aoti.model.configs import example_inputs, tiny_config
@@ -83,28 +84,29 @@ def check_cuda_graphs(path):
 
     graphed, plain = load_package(path, max_graphs=2), load_package(path, cuda_graphs=False)
     assert graphed.cuda_graphs == "on" and plain.cuda_graphs == "off: cuda_graphs=False"
-    split = load_package(path, max_graphs=2, split_call=True) if graphed.parts else None
+    assert graphed.split_call == plain.split_call == bool(graphed.parts)
+    whole = load_package(path, max_graphs=2, split_call=False) if graphed.parts else None
     for call, (b, p) in enumerate([(1, 1), (1, 1), (2, 3), (2, 3), (1, 1), (3, 2), (3, 2)]):
         args = example_inputs(tiny_config(), b, p, seed=call, device="cuda")
         for got, want in zip(graphed.model(*args), plain.model(*args)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"B={b} P={p}")
-        for got, want in zip(split.model(*args) if split else (), plain.model(*args)):  # the parts, text beside
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"split call, B={b} P={p}")
-    for runner in (graphed.graph_runner, *((split.graph_runner,) if split else ())):
+        for got, want in zip(whole.model(*args) if whole else (), plain["model"](*args)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"whole model, B={b} P={p}")
+    for runner in (graphed.graph_runner, *((whole.graph_runner,) if whole else ())):
         assert runner.failed is None, runner.failed
         assert runner.captures == 3 and len(runner.graphs) == 2
-    if graphed.parts:  # text and boxes through the graphed parts and the split call, equal to the parts without graphs
+    if graphed.parts:  # text and boxes through the split call and the graphed parts, equal to the call without graphs
         from sam3_aoti.model.exporting import example_boxes
 
         for b, p in [(1, 1), (2, 3)]:
             args = example_inputs(tiny_config(), b, p, seed=b + p, device="cuda")
             boxes = example_boxes(b, 3, seed=b, device="cuda")
             want = plain.model_with_boxes(*args, *boxes)
-            for package in (graphed, split):
+            for package in (graphed, whole):
                 for got, expected in zip(package.model_with_boxes(*args, *boxes), want):
                     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=f"boxes B={b} P={p}")
-        encode_boxes, with_boxes = (graphed.runners["encode_boxes"].graph_runner,
-                                    split.runners["model_with_boxes"].graph_runner)
+        encode_boxes, with_boxes = (whole.runners["encode_boxes"].graph_runner,
+                                    graphed.runners["model_with_boxes"].graph_runner)
         assert encode_boxes.failed is None and encode_boxes.captures == 2, encode_boxes.failed
         assert with_boxes.failed is None and with_boxes.captures == 2, with_boxes.failed
 

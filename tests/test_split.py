@@ -63,7 +63,13 @@ def test_a_split_package_decodes_what_model_gives(package):
 def test_the_split_call_is_the_parts_one_by_one(package_path, package, monkeypatch):
     """With `split_call` on (the argument or the environment), `model` and `model_with_boxes` are one call of the
     parts (on a GPU the text encoder beside the image encoder) and give exactly what the parts give one by one;
-    off (the default) `model` is the whole compiled model. Inputs are checked as `model`'s."""
+    off (a CPU package's default, or SAM3_AOTI_SPLIT_CALL=0 on a GPU) `model` is the whole compiled model. Inputs
+    are checked as `model`'s."""
+    from sam3_aoti.runtime.split_call import split_call_wanted
+
+    assert split_call_wanted(None, "cuda") and not split_call_wanted(None, "cpu")
+    monkeypatch.setenv("SAM3_AOTI_SPLIT_CALL", "0")
+    assert not split_call_wanted(None, "cuda") and split_call_wanted(True, "cpu")
     monkeypatch.setenv("SAM3_AOTI_SPLIT_CALL", "1")
     on, off = load_package(package_path), load_package(package_path, split_call=False)
     assert on.split_call and not off.split_call and not package.split_call

@@ -251,6 +251,21 @@ def test_each_box_perturbation_of_a_real_build_fails_verify(package_path, name, 
     assert failed, f"{name} passes every {precision} gate"
 
 
+def test_eager_runs_in_real_fp32_for_an_fp32_build_and_its_cached_outputs_say_so(built_repo, monkeypatch):
+    """PyTorch runs cuDNN convolutions in TF32 by default (about 1e-3 off fp32 on a GPU, 25 times verify's fp32
+    limit): eager's outputs for an fp32 build (the reference stage's cache, render, verify's misses) are made
+    with TF32 off, as verify and fallback_drift run the package and the fallback, and the reference cache's key
+    says so, so entries made with TF32 on are not read."""
+    from sam3_aoti.model.checkpoints import eager_reference
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    settings = load_settings(device="cpu", config=built_repo / "pipeline.toml", artifacts=built_repo / "artifacts")
+    assert settings.precision == "fp32"
+    eager_reference(settings)
+    assert not torch.backends.cudnn.allow_tf32
+    assert ReferenceCache.of(settings).identity["tf32_off"] is True
+
+
 def test_the_tiny_model_reacts_to_image_and_prompt_far_beyond_its_limits(built_repo):
     """A gate is only as good as the signal under it: each output of the tiny CI model must move with the
     photograph and with the prompt by at least 100x the fp32 limit verify holds it to (pipeline.toml)."""

@@ -17,14 +17,21 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
     """A split package's parts timed alone at this shape, with their FLOPs (counted on eager's own parts; the
     heads' are the whole call's less the encoders'), and encode once / decode many: one more prompt, and
     this row's prompts, encoded and decoded against images encoded before; and with exemplar boxes
-    (EXEMPLAR_BOXES per image, beside the phrases): the whole call (on a GPU also as the split call, the text
-    encoder beside the image encoder, where the package does not use it already), and a new exemplar set against
-    encoded images and prompts (encode_boxes and decode)."""
+    (EXEMPLAR_BOXES per image, beside the phrases): the whole call, on a GPU also the other way (the parts one by
+    one where the package's call is the split call, else the split call), and a new exemplar set against encoded
+    images and prompts (encode_boxes and decode)."""
     import torch
 
     from ..model.exporting import example_boxes
 
     features, text = package.encode_image(images), package.encode_text(token_ids)
+    def one_by_one(images, token_ids, boxes, labels):
+        features = package.encode_image(images)
+        return package.decode(features, package.encode_text(token_ids), package.encode_boxes(features, boxes, labels))
+
+    # model_with_boxes is the split call where the package uses it: the other way is then the parts one by one
+    other_way, other = (("the same, the parts one by one", one_by_one) if package.split_call else
+                        ("the same in one call, the text beside", package["model_with_boxes"]))
     with_new_prompts = lambda f, t: package.decode(f, package.encode_text(t))  # noqa: E731
     with_new_boxes = lambda f, t, b, l: package.decode(f, t, package.encode_boxes(f, b, l))  # noqa: E731
     boxes, _ = example_boxes(images.shape[0], EXEMPLAR_BOXES, device=images.device)
@@ -39,8 +46,7 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
         "these prompts against encoded images": (with_new_prompts, (features, token_ids), None),
         f"the whole call with {EXEMPLAR_BOXES} exemplar boxes": (package.model_with_boxes,
                                                                 (images, token_ids, boxes, labels), None),
-        **({"the same in one call, the text beside": (package["model_with_boxes"], (images, token_ids, boxes, labels),
-                                                       None)} if device == "cuda" and not package.split_call else {}),
+        **({other_way: (other, (images, token_ids, boxes, labels), None)} if device == "cuda" else {}),
         f"a new set of {EXEMPLAR_BOXES} boxes against encoded images and prompts": (with_new_boxes,
                                                                                    (features, text, boxes, labels),
                                                                                    None),

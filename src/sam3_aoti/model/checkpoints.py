@@ -172,9 +172,10 @@ def eager_reference(settings: Settings):
     compare the package against. Its masked attentions are transformers' plain matmul-softmax, so verify
     also gates the SDPA path the package is exported with. An fp8 build is compared with the bf16 model (its
     ViT linears unquantized): verify then gates what fp8 costs against the precision users would run instead."""
-    from ..pipeline.precision import PRECISIONS
+    from ..pipeline.precision import PRECISIONS, without_tf32
     from .grounding import ImageTransforms, Sam3Grounding
 
+    without_tf32(settings.spec)
     eager = Sam3Grounding.at(load_model(settings).to(settings.device), PRECISIONS[settings.spec.reference],
                              masked_attention="eager").eval()
     return eager, ImageTransforms(eager.model.config.vision_config.backbone_config.image_size)

@@ -67,10 +67,11 @@ def sha256s(outputs: dict) -> dict:
 
 def identity(settings: Settings, paths: ProfilePaths) -> dict:
     """What eager outputs depend on besides their inputs: weights (hash from the manifest), model code,
-    device, precision, library versions."""
+    device, precision, library versions, and whether TF32 was off (`precision.without_tf32`: entries computed
+    with it on, before it was, are not read)."""
     manifest = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
     weights = sha256s(manifest.get("stages", {}).get("weights", {}).get("outputs", {}))
-    return {"weights": weights, "model_code": wrapper_code_digest(),
+    return {"weights": weights, "model_code": wrapper_code_digest(), "tf32_off": settings.spec.strict_fp32,
             **{k: v for k, v in settings.fingerprint("verify").items() if k not in ("stage", "options")}}
 
 

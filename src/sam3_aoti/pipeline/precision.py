@@ -19,7 +19,7 @@ class Precision:
     needs_cuda: bool
     export_atol: float  # max |exported - eager| the export stage accepts at new shapes
     reference: str  # the precision of the eager model verify gates the package against
-    strict_fp32: bool  # verify turns TF32 off (PyTorch runs cuDNN convolutions in TF32 by default)
+    strict_fp32: bool  # TF32 off wherever outputs are compared (`without_tf32`)
     parity: str  # how Meta runs its model for `parity`: "plain" (TF32 off) or "autocast" (bf16)
     summary: str
 
@@ -45,3 +45,14 @@ PRECISIONS = {
                      strict_fp32=False, parity="autocast",
                      summary=f"bf16 with the linears of {', '.join(FP8_PARTS)} as fp8 GEMMs"),
 }
+
+
+def without_tf32(precision: Precision) -> None:
+    """For a strict fp32 precision, TF32 off in this process. PyTorch runs cuDNN convolutions in TF32 by default
+    (about 1e-3 off fp32): eager's outputs (the `reference` stage's cache), the package's and the fallback's must all
+    be real fp32, or verify holds TF32's error to fp32's limits."""
+    if precision.strict_fp32:
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False

@@ -117,7 +117,7 @@ TOLERANCE = _number(0.0)
 # [bench] columns: each name and its label in bench.md (bench.py reads the labels from here)
 BENCH_COLUMNS = {"meta": "Meta sam3 eager (bf16 autocast)", "transformers": "transformers eager",
                  "exported": "exported program", "aoti": "AOTI", "aoti_graphs": "AOTI + CUDA graphs",
-                 "aoti_graphs_split": "AOTI + CUDA graphs, the parts in one call"}
+                 "aoti_graphs_whole": "AOTI + CUDA graphs, the whole compiled model"}
 ARCHITECTURES = ("tiny", "full")
 PARITY_PRECISIONS = tuple(PRECISIONS)  # fp8 too: against Meta under bf16 autocast, at limits of its own
 

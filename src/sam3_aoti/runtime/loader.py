@@ -294,8 +294,9 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
     you got beside or before the package), else with the `.sha256` file beside it (`integrity`); `trust` loads
     a package that has neither. On CUDA the AOTI model replays a CUDA graph per input shape (`cuda_graphs`; at most
     `max_graphs` shapes kept): `cuda_graphs=False`, or SAM3_AOTI_CUDA_GRAPHS=0 in the environment, turns
-    that off. `split_call=True` (or SAM3_AOTI_SPLIT_CALL=1) runs a split package's `model` and `model_with_boxes`
-    as one call of its parts (`split_call`), not yet measured at full size, so off by default."""
+    that off. A split CUDA package's `model` and `model_with_boxes` are one call of its parts, the prompts' encoder
+    beside the image encoder (`split_call`); `split_call=False`, or SAM3_AOTI_SPLIT_CALL=0, runs the whole
+    compiled model instead."""
     before_loading()
     path = Path(path)
     if not path.is_file():
@@ -337,7 +338,7 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, vocab, path, fallback_reason, exported,
-                       state, split_call_wanted(split_call))
+                       state, bool(aoti) and split_call_wanted(split_call, metadata.get("device", "cpu")))
 
 
 def with_split_call(runners: dict, device: str) -> dict:

@@ -9,8 +9,9 @@ decode, so on a GPU the two encoders overlap, inside one CUDA graph when the pac
 capture follows the fork and the join). Exemplar boxes are encoded on the caller's stream after the image they
 are drawn on. On the CPU the parts run in turn.
 
-Off by default (`load_package(split_call=True)` or SAM3_AOTI_SPLIT_CALL=1 turns it on): it is tested, and the bench
-times it (`aoti_graphs_split`), but it has not yet been timed at full size against the whole model.
+On by default for a CUDA package: on an H100 (benchmarks/h100-2026-12-07-split-call/) it was faster than the whole
+compiled model at every shape the bench times, 0.3-2 ms a call. `load_package(split_call=False)` or
+SAM3_AOTI_SPLIT_CALL=0 runs the whole model instead (`package["model"]` is always the whole model).
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from typing import Callable
 
 from .archive import PART_NAMES
 
-SWITCH = "SAM3_AOTI_SPLIT_CALL"  # "1": every load_package in the process runs split packages' model as a SplitCall
+SWITCH = "SAM3_AOTI_SPLIT_CALL"  # "0": split packages' model is the whole compiled model; "1": the SplitCall, CPU too
 
 
-def split_call_wanted(requested: bool | None) -> bool:
-    """`load_package(split_call=...)` if given, else the environment switch (off unless "1")."""
-    return requested if requested is not None else os.environ.get(SWITCH, "0") == "1"
+def split_call_wanted(requested: bool | None, device: str) -> bool:
+    """`load_package(split_call=...)` if given, else the environment switch, else on for a CUDA package (where the
+    encoders overlap); on the CPU the parts only run in turn, so there the whole compiled model."""
+    if requested is not None:
+        return requested
+    switch = os.environ.get(SWITCH, "")
+    return switch == "1" if switch in ("0", "1") else device == "cuda"
 
 
 class SplitCall:

@@ -29,12 +29,14 @@ def run(settings: Settings) -> None:
     from ..model.reference import ReferenceCache
     from ..pipeline.cases import load_cases
     from ..pipeline.package_metadata import exported_signatures, interface_metadata
+    from ..pipeline.precision import without_tf32
     from ..runtime.archive import PART_NAMES
     from ..runtime.loader import programs_package
     from ..runtime.torch_private import exported_programs
 
     paths = ProfilePaths.of(settings)
     cases = load_cases()
+    without_tf32(settings.spec)  # the fallback's convolutions in real fp32, as eager's were
     t0 = time.perf_counter()
     with open(paths.exported_portable, "rb") as file:
         programs = exported_programs(file)

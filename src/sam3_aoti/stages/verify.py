@@ -83,15 +83,13 @@ def run(settings: Settings) -> None:
 
     from ..model.checkpoints import eager_reference, reference_transforms
     from ..pipeline.cases import load_cases
+    from ..pipeline.precision import without_tf32
     from ..runtime.loader import load_exported, load_package
 
     paths = ProfilePaths.of(settings)
     mark(paths.manifest, "verify", verified=False)  # until this run says otherwise, whatever stops it
     cases = load_cases()  # a broken case image fails here, not after the models loaded
-    if settings.spec.strict_fp32:  # PyTorch runs cuDNN convolutions in TF32 by default: compare real fp32
-        import torch
-
-        torch.backends.cudnn.allow_tf32 = False
+    without_tf32(settings.spec)  # the package's convolutions in real fp32, as eager's were
     cache = ReferenceCache.of(settings)
     measured = fallback_measured(settings, paths, cache)
     with ThreadPoolExecutor(1) as loader:  # the fallback, if this run must measure it, loads beside the package
