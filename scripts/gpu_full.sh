@@ -22,9 +22,10 @@
 #          experiments/fp8_aoti_pieces.py and the ViT section compiled alone in bf16 and fp8, each with and without
 #          vit_fused_qkv; then precision=fp8
 #          (the ViT's linears as fp8 GEMMs but fc2), box_path_attention = "bf16", untuned: verify against the bf16
-#          model, then bench (Meta's column and the AOTI ones), parity with Meta and the ViT section's costliest kernels
-#          at 16 x 1, and experiments/split_overlap.py on its package (FP8_KERNELS=0 in the environment: the build, bench, parity and section alone; FP8_LEAN=1: its
-#          bench without the by-section tables and no ViT section after parity, for a lease short of device time;
+#          model, then bench (Meta's column and the AOTI ones), parity with Meta, experiments/split_overlap.py on its
+#          package (every way of calling its parts in one graph) and the ViT section's costliest kernels at 16 x 1
+#          (FP8_KERNELS=0 in the environment: the build, bench, parity, split_overlap and section alone; FP8_LEAN=1:
+#          its bench without the by-section tables and no ViT section, for a lease short of device time;
 #          BENCH_SHAPES as for segment)
 #   compiletime: the bf16 build's compile twice, alone but for tinytuned: cold (an empty Inductor cache), then
 #          again with Inductor's and Triton's caches from the first (`doit forget compile`); each index.json

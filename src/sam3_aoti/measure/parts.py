@@ -25,6 +25,7 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
     from ..model.exporting import example_boxes
 
     features, text = package.encode_image(images), package.encode_text(token_ids)
+
     def one_by_one(images, token_ids, boxes, labels):
         features = package.encode_image(images)
         return package.decode(features, package.encode_text(token_ids), package.encode_boxes(features, boxes, labels))
