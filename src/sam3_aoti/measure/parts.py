@@ -25,13 +25,8 @@ def part_times(package, eager, images, token_ids, flops: int, device: str, opts:
     from ..model.exporting import example_boxes
 
     features, text = package.encode_image(images), package.encode_text(token_ids)
-
-    def one_by_one(images, token_ids, boxes, labels):
-        features = package.encode_image(images)
-        return package.decode(features, package.encode_text(token_ids), package.encode_boxes(features, boxes, labels))
-
     # model_with_boxes is the split call where the package uses it: the other way is then the parts one by one
-    other_way, other = (("the same, the parts one by one", one_by_one) if package.split_call else
+    other_way, other = (("the same, the parts one by one", package.parts_one_by_one) if package.split_call else
                         ("the same in one call, the text beside", package["model_with_boxes"]))
     with_new_prompts = lambda f, t: package.decode(f, package.encode_text(t))  # noqa: E731
     with_new_boxes = lambda f, t, b, l: package.decode(f, t, package.encode_boxes(f, b, l))  # noqa: E731

@@ -56,7 +56,7 @@ class Sam3Package:
     def model(self) -> Callable:
         """`model(images, token_ids)`: the whole compiled model, or with `split_call` on, one call of the parts
         (the prompts' encoder beside the image encoder on a GPU); `package["model"]` is always the whole."""
-        if self.split_call and "model_from_parts" in self.runners:
+        if self.split_call:
             return self.runners["model_from_parts"]
         return self.runners["model"]
 
@@ -130,6 +130,10 @@ class Sam3Package:
             labels = torch.ones(boxes.shape[:2], dtype=torch.long, device=boxes.device)
         if self.split_call:
             return self.runners["model_with_boxes"](images, token_ids, boxes, labels)
+        return self.parts_one_by_one(images, token_ids, boxes, labels)
+
+    def parts_one_by_one(self, images, token_ids, boxes, labels):
+        """`model_with_boxes` as the graphed parts called one after another, whatever `split_call` says."""
         features = self.encode_image(images)
         return self.decode(features, self.encode_text(token_ids), self.encode_boxes(features, boxes, labels))
 
@@ -331,14 +335,14 @@ def load_package(path: str | Path, prefer_aoti: bool = True, trust: bool = False
                            "`uv run doit package`")
     runners = {name: aoti[name] if name in aoti else exported[name].module() for name in names}
     backends = {name: "aoti" if name in aoti else "exported" for name in names}
-    state = graphs_state(graphs, cuda_graphs, metadata, bool(aoti))
-    runners = with_split_call(runners, metadata.get("device", "cpu"))  # of the parts' own runners, not their graphs
+    state, device = graphs_state(graphs, cuda_graphs, metadata, bool(aoti)), metadata.get("device", "cpu")
+    runners = with_split_call(runners, device)  # of the parts' own runners, not their graphs
     if state == "on":
         for name in ("model", *PART_NAMES, *SPLIT_CALLS):
             if name in runners:
                 runners[name] = CudaGraphRunner(runners[name], max_graphs or DEFAULT_MAX_GRAPHS)
     return Sam3Package(checked(runners, metadata), backends, metadata, vocab, path, fallback_reason, exported,
-                       state, bool(aoti) and split_call_wanted(split_call, metadata.get("device", "cpu")))
+                       state, bool(aoti) and "model_from_parts" in runners and split_call_wanted(split_call, device))
 
 
 def with_split_call(runners: dict, device: str) -> dict:
